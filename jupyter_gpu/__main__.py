@@ -1,0 +1,3 @@
+from jupyter_gpu.cli import main
+
+raise SystemExit(main())

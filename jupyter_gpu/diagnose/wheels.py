@@ -1,0 +1,340 @@
+"""PyTorch wheel ↔ NVIDIA driver ↔ GPU compatibility tables and the `pip install` recommender.
+
+Pure data and arithmetic (catalogue §4 and §5): no torch or NVML imports, so the diagnosis can run
+before torch is importable, and every rule is testable on a CPU-only box.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+INDEX_BASE = "https://download.pytorch.org/whl/"
+
+# §4.1 minor-version compatibility: any driver at or above these runs every wheel of that CUDA major.
+MIN_DRIVER_FOR_CUDA_MAJOR: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+# Blackwell (cc 10.x/12.x) first appeared in CUDA 12.8, whose toolkit driver is 570.26 (§4.2); an older
+# driver cannot drive the card whatever the wheel, so it raises the floor of a driver-upgrade advice (C3).
+_BLACKWELL_DRIVER_FLOOR = "570.26"
+
+# iGPU/Jetson codes are not binary-compatible with the rest of their major (torch's DEVICE_REQUIREMENT).
+_EXACT_ONLY_ARCHS = frozenset({"sm_53", "sm_62", "sm_72", "sm_87", "sm_101"})
+
+
+@dataclass(frozen=True)
+class WheelVariant:
+    """One CUDA index of one torch release (e.g. cu128) and the sm list compiled into it (§5.2)."""
+
+    suffix: str
+    cuda: tuple[int, int]
+    arch: tuple[str, ...]
+    experimental: bool = False
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    minor: tuple[int, int]
+    variants: tuple[WheelVariant, ...]
+    pypi_default: str
+    rocm: str | None
+    # Only where the catalogue/brief pins the newest patch; otherwise we print X.Y.* and let pip choose.
+    latest_patch: str | None = None
+    released: bool = True
+
+    @property
+    def torchvision(self) -> str:
+        # torchvision 0.N pairs with torch 2.(N-15) throughout the table (2.5 -> 0.20 ... 2.14 -> 0.29).
+        return f"0.{self.minor[1] + 15}"
+
+    def spec(self) -> str:
+        return self.latest_patch or f"{self.minor[0]}.{self.minor[1]}.*"
+
+
+def _arch(codes: str, ptx: str | None = None) -> tuple[str, ...]:
+    flags = [f"sm_{c}" for c in codes.split()]
+    return (*flags, f"compute_{ptx}") if ptx else tuple(flags)
+
+
+# §5.2 sm lists. Variants without their own row inherit the nearest documented one (see _matrix()).
+_A_LEGACY = _arch("50 60 70 75 80 86 90")  # cu118/cu121/cu124 and every cu126
+_A_CU128_27 = _arch("50 60 75 80 86 90 100 120")  # (inferred in the catalogue: no Volta in 2.7's cu128)
+_A_CU128_28 = _arch("70 75 80 86 90 100 120")  # 2.8-2.10 cu128/cu129: Maxwell/Pascal dropped, Volta back
+_A_CU128_211 = _arch("75 80 86 90 100 120")  # 2.11 cu128: Volta removed
+_A_CU130 = _arch("75 80 86 90 100 110 120", ptx="120")  # CUDA 13 cannot target Maxwell/Pascal/Volta
+_A_CU132 = _arch("75 80 86 90 100 120", ptx="120")
+
+
+def _v(suffix: str, arch: tuple[str, ...], experimental: bool = False) -> WheelVariant:
+    digits = suffix.removeprefix("cu")
+    return WheelVariant(suffix, (int(digits[:-1]), int(digits[-1])), arch, experimental)
+
+
+def _matrix() -> dict[tuple[int, int], TorchRelease]:
+    cu126 = _v("cu126", _A_LEGACY)
+    cu130, cu130x = _v("cu130", _A_CU130), _v("cu130", _A_CU130, True)
+    cu132, cu132x = _v("cu132", _A_CU132), _v("cu132", _A_CU132, True)
+    rels = [
+        TorchRelease((2, 5), (_v("cu118", _A_LEGACY), _v("cu121", _A_LEGACY), _v("cu124", _A_LEGACY)),
+                     "cu124", "rocm6.2"),
+        TorchRelease((2, 6), (_v("cu118", _A_LEGACY), _v("cu124", _A_LEGACY), _v("cu126", _A_LEGACY, True)),
+                     "cu124", "rocm6.2.4", "2.6.0"),
+        # 2.7's cu118 has no §5.2 row; assumed to keep the cu118 list of 2.5-2.6.
+        TorchRelease((2, 7), (_v("cu118", _A_LEGACY), cu126, _v("cu128", _A_CU128_27, True)),
+                     "cu126", "rocm6.3"),
+        TorchRelease((2, 8), (cu126, _v("cu128", _A_CU128_28), _v("cu129", _A_CU128_28, True)),
+                     "cu128", "rocm6.4", "2.8.0"),
+        # 2.9's cu129 exists for 2.9.0 only, so it is not offered (it would not install as 2.9.1).
+        TorchRelease((2, 9), (cu126, _v("cu128", _A_CU128_28), cu130x), "cu128", "rocm6.4", "2.9.1"),
+        TorchRelease((2, 10), (cu126, _v("cu128", _A_CU128_28), cu130x), "cu128", "rocm7.1", "2.10.0"),
+        TorchRelease((2, 11), (cu126, _v("cu128", _A_CU128_211), cu130), "cu130", "rocm7.2", "2.11.0"),
+        TorchRelease((2, 12), (cu126, cu130, cu132x), "cu130", "rocm7.2"),  # no cu128 from 2.12
+        TorchRelease((2, 13), (cu126, cu130, cu132x), "cu130", "rocm7.2", "2.13.0"),
+        # "rocm7.14" is copied as RELEASE.md writes it (§5.1).
+        TorchRelease((2, 14), (cu126, cu130, cu132), "cu132", "rocm7.14", "2.14.1"),
+        # Provisional: kept for arch look-ups of pre-release installs, never recommended.
+        TorchRelease((2, 15), (cu130, cu132), "cu132", None, released=False),
+    ]
+    return {r.minor: r for r in rels}
+
+
+RELEASES: dict[tuple[int, int], TorchRelease] = _matrix()
+
+# Only the cu129 build of 2.9.0 lacks a recommendable row; arch_flags_for still knows it.
+_EXTRA_ARCH: dict[tuple[tuple[int, int], tuple[int, int]], tuple[str, ...]] = {((2, 9), (12, 9)): _A_CU128_28}
+
+
+def cuda_int_to_str(v: int) -> str:
+    """12080 -> "12.8": the encoding of cudaDriverGetVersion / nvmlSystemGetCudaDriverVersion (§4.3)."""
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def parse_cuda_version(s: str) -> tuple[int, int]:
+    """"13.0" -> (13, 0); "12" -> (12, 0); "12.8.1" -> (12, 8). Raises ValueError on anything else."""
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?(?:\.\d+)?\s*", s)
+    if not m:
+        raise ValueError(f"not a CUDA version: {s!r}")
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def _parse_arch(code: str) -> tuple[int, int] | None:
+    # The last digit is the minor: sm_86 -> 8.6, sm_120 -> 12.0; arch-specific letters (sm_90a) are dropped.
+    digits = code.split("_", 1)[-1].rstrip("af")
+    return (int(digits[:-1]), int(digits[-1])) if digits.isdigit() and len(digits) >= 2 else None
+
+
+def arch_supports(arch_flags: list[str], cc: tuple[int, int]) -> bool:
+    """Whether a wheel built for `arch_flags` has code that runs on a device of compute capability `cc`."""
+    for flag in arch_flags:
+        target = _parse_arch(flag)
+        if target is None:
+            continue
+        if flag.startswith("compute_"):
+            # PTX is JIT-compiled by the driver for any equal or newer device.
+            if cc >= target:
+                return True
+        elif flag.startswith("sm_"):
+            if flag in _EXACT_ONLY_ARCHS or flag.endswith("a"):
+                if cc == target:
+                    return True
+            # SASS is binary-compatible only forward within one major (8.6 code runs on 8.9, not on 9.0).
+            elif cc[0] == target[0] and cc[1] >= target[1]:
+                return True
+    return False
+
+
+def _release_minor(torch_version: str) -> tuple[int, int] | None:
+    m = re.match(r"\s*(\d+)\.(\d+)", torch_version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _base_version(torch_version: str) -> str | None:
+    # "2.9.1+cpu" -> "2.9.1"; pre-releases ("2.15.0.dev2026...") keep only X.Y.Z.
+    m = re.match(r"\s*(\d+\.\d+\.\d+)", torch_version)
+    return m.group(1) if m else None
+
+
+def arch_flags_for(torch_version: str, cuda_version: str) -> list[str] | None:
+    """The sm/compute list of the Linux x86_64 wheel, e.g. for ("2.13.0+cu130", "13.0"); None if unknown."""
+    minor = _release_minor(torch_version)
+    try:
+        cuda = parse_cuda_version(cuda_version)
+    except ValueError:
+        return None
+    rel = RELEASES.get(minor) if minor else None
+    if rel is None or minor is None:
+        return None
+    for v in rel.variants:
+        if v.cuda == cuda:
+            return list(v.arch)
+    extra = _EXTRA_ARCH.get((minor, cuda))
+    return list(extra) if extra else None
+
+
+def driver_supports_wheel(driver_cuda_int: int, wheel_cuda: str) -> bool:
+    """CUDA >= 11 minor-version compatibility: only the major must be covered by the driver (§4.4)."""
+    return driver_cuda_int // 1000 >= parse_cuda_version(wheel_cuda)[0]
+
+
+@dataclass(frozen=True)
+class InstallAdvice:
+    torch_spec: str
+    suffix: str | None
+    index_url: str | None
+    pip_command: str | None
+    driver_alternative: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+def _rank(v: WheelVariant, drv: tuple[int, int]) -> tuple[int, bool, int]:
+    # §5.3 order: same major at or below the driver's CUDA (newest first) is native; same major above the
+    # driver minor runs under minor-version compatibility (closest first: fewer PTX-JIT surprises, C4);
+    # lower majors last (newest first). Inside a group a stable build beats an experimental one even if
+    # newer (2.13 on a 13.2 driver gets cu130, its PyPI default, not the experimental cu132).
+    cuda = v.cuda[0] * 100 + v.cuda[1]
+    if v.cuda[0] == drv[0]:
+        return (0, v.experimental, -cuda) if v.cuda <= drv else (1, v.experimental, cuda)
+    return (2, v.experimental, -cuda)
+
+
+def _candidates(rel: TorchRelease, drv_int: int, ccs: list[tuple[int, int]]) -> list[WheelVariant]:
+    drv = (drv_int // 1000, (drv_int % 1000) // 10)
+    ok = [v for v in rel.variants
+          if drv[0] >= v.cuda[0] and all(arch_supports(list(v.arch), cc) for cc in ccs)]
+    return sorted(ok, key=lambda v: _rank(v, drv))
+
+
+def _released_newest_first() -> list[TorchRelease]:
+    return sorted((r for r in RELEASES.values() if r.released), key=lambda r: r.minor, reverse=True)
+
+
+def _pick(drv_int: int, ccs: list[tuple[int, int]], installed: str | None
+          ) -> tuple[TorchRelease, str, WheelVariant] | None:
+    """(release, torch spec, variant): the installed release when it can work, else the newest that can."""
+    minor = _release_minor(installed) if installed else None
+    rel = RELEASES.get(minor) if minor else None
+    base = _base_version(installed) if installed else None
+    if rel is not None and rel.released and base:
+        cands = _candidates(rel, drv_int, ccs)
+        if cands:
+            return rel, base, cands[0]
+    for rel in _released_newest_first():
+        cands = _candidates(rel, drv_int, ccs)
+        if cands:
+            return rel, rel.spec(), cands[0]
+    return None
+
+
+def _newest_cuda_int() -> int:
+    newest = max(v.cuda for r in RELEASES.values() if r.released for v in r.variants)
+    return newest[0] * 1000 + newest[1] * 10
+
+
+def _version_key(driver: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in driver.split("."))
+
+
+def _driver_text(major: int, ccs: list[tuple[int, int]], spec: str, v: WheelVariant, prefix: str) -> str:
+    need, why = MIN_DRIVER_FOR_CUDA_MAJOR[major], f"CUDA {major}.0"
+    if any(cc[0] in (10, 12) for cc in ccs) and _version_key(_BLACKWELL_DRIVER_FLOOR) > _version_key(need):
+        need, why = _BLACKWELL_DRIVER_FLOOR, "CUDA 12.8, the first with Blackwell support"
+    return f"{prefix} the NVIDIA driver to >= {need} ({why}) to use torch=={spec} from the {v.suffix} index"
+
+
+def _quote(spec: str) -> str:
+    # A bare * would be globbed (or rejected outright by zsh) when pasted into a shell.
+    return f'"{spec}"' if "*" in spec else spec
+
+
+def _advice(rel: TorchRelease, spec: str, suffix: str, with_tv: bool, alt: str | None, reason: str
+            ) -> InstallAdvice:
+    pkgs = [_quote(f"torch=={spec}")]
+    if with_tv:
+        pkgs.append(_quote(f"torchvision=={rel.torchvision}.*"))
+    url = INDEX_BASE + suffix
+    cmd = f"%pip install --force-reinstall {' '.join(pkgs)} --index-url {url}"
+    return InstallAdvice(spec, suffix, url, cmd, alt, reason)
+
+
+def _unsupported_gpus(base: str | None, ccs: list[tuple[int, int]]) -> InstallAdvice:
+    # No driver helps: the GPUs predate (or postdate) every variant of every release in the table.
+    listed = ", ".join(f"{cc[0]}.{cc[1]}" for cc in ccs)
+    rels = _released_newest_first()
+    span = f"{rels[-1].minor[0]}.{rels[-1].minor[1]}-{rels[0].minor[0]}.{rels[0].minor[1]}"
+    why = f"No PyTorch {span} wheel has code for compute capability {listed}; build from source."
+    return InstallAdvice(base or "", None, None, None, None, why)
+
+
+def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]], installed_torch: str | None,
+                      with_torchvision: bool = False, rocm: bool = False) -> InstallAdvice:
+    """The catalogue's §5.3 algorithm: the wheel to install for this driver and these GPUs."""
+    minor = _release_minor(installed_torch) if installed_torch else None
+    installed_rel = RELEASES.get(minor) if minor else None
+    base = _base_version(installed_torch) if installed_torch else None
+    keep = installed_rel is not None and installed_rel.released and base is not None
+
+    if rocm:
+        # AMD: no CUDA driver or sm list to match, only the ROCm index of the release.
+        if keep and installed_rel is not None and base is not None and installed_rel.rocm:
+            rel, spec, suffix = installed_rel, base, installed_rel.rocm
+        else:
+            rel, suffix = next((r, r.rocm) for r in _released_newest_first() if r.rocm)
+            spec = rel.spec()
+        return _advice(rel, spec, suffix, with_torchvision, None,
+                       f"Torch {spec} for AMD GPUs comes from the {suffix} index.")
+
+    if driver_cuda is None:
+        # No driver visible: the PyPI default is what plain `pip install torch` would pick.
+        rels = ([installed_rel] if keep and installed_rel else []) + _released_newest_first()
+        for rel in rels:
+            spec = base if rel is installed_rel and keep and base else rel.spec()
+            fits = [v for v in rel.variants if all(arch_supports(list(v.arch), cc) for cc in gpu_ccs)]
+            fits.sort(key=lambda v: (v.suffix != rel.pypi_default, v.experimental, -v.cuda[0], -v.cuda[1]))
+            if fits:
+                v = fits[0]
+                return _advice(rel, spec, v.suffix, with_torchvision, None,
+                               f"The NVIDIA driver version is unknown, so this is torch {spec}'s "
+                               f"{'PyPI default' if v.suffix == rel.pypi_default else 'matching'} "
+                               f"{v.suffix} variant, which needs a driver >= "
+                               f"{MIN_DRIVER_FOR_CUDA_MAJOR[v.cuda[0]]}.")
+        return _unsupported_gpus(base, gpu_ccs)
+
+    drv_str, drv_major = cuda_int_to_str(driver_cuda), driver_cuda // 1000
+    pick = _pick(driver_cuda, gpu_ccs, installed_torch)
+
+    if pick is None:
+        # Nothing runs on this driver: name the smallest CUDA major whose driver would make a wheel fit.
+        for major in sorted(MIN_DRIVER_FOR_CUDA_MAJOR):
+            if major <= drv_major:
+                continue
+            hypo = _pick(major * 1000 + 990, gpu_ccs, installed_torch)
+            if hypo is not None:
+                _, hspec, hv = hypo
+                alt = _driver_text(major, gpu_ccs, hspec, hv, "upgrade")
+                why = f"No PyTorch wheel runs on both this driver (CUDA {drv_str}) and these GPUs."
+                return InstallAdvice(hspec, None, None, None, alt, why)
+        return _unsupported_gpus(base, gpu_ccs)
+
+    rel, spec, v = pick
+    # §5.3 step 6: what the newest driver would allow; offer it when it means a newer CUDA major.
+    alt = None
+    best = _pick(_newest_cuda_int(), gpu_ccs, installed_torch)
+    if best is not None and best[2].cuda[0] > drv_major:
+        alt = _driver_text(best[2].cuda[0], gpu_ccs, best[1], best[2], "or upgrade")
+
+    installed_suffix = installed_torch.partition("+")[2] if installed_torch else ""
+    if spec == base and installed_suffix == v.suffix:
+        why = f"the installed {installed_torch} already suits this driver (CUDA {drv_str}) and these GPUs"
+    elif spec == base:
+        why = f"keeps torch {spec}; {v.suffix} is its best build for a CUDA {drv_str} driver and these GPUs"
+    elif installed_torch and installed_rel is None:
+        why = f"torch {installed_torch} is outside the known wheel matrix; torch {spec} ({v.suffix}) fits"
+    elif installed_torch:
+        why = (f"no build of the installed torch {installed_torch} runs on a CUDA {drv_str} driver with "
+               f"these GPUs; torch {spec} is the newest release with one ({v.suffix})")
+    else:
+        why = f"torch {spec} is the newest release with a build ({v.suffix}) for a CUDA {drv_str} driver"
+    return _advice(rel, spec, v.suffix, with_torchvision, alt, why[0].upper() + why[1:] + ".")

@@ -1,0 +1,271 @@
+"""Runs in a *subprocess* of the kernel's own interpreter and prints one JSON document.
+
+Why a subprocess: `torch.cuda.is_available()` runs cuInit, after which any forked DataLoader worker that
+touches CUDA dies ("Cannot re-initialize CUDA in forked subprocess"), and the "CUDA initialization: ..."
+warning is only emitted once per process. A child process sees the same interpreter, environment and
+working directory as the kernel, captures warnings, import errors and even segfaults verbatim, and
+leaves the kernel untouched.
+
+This file must stay self-contained (standard library only, no jupyter_gpu imports): it is sent to the
+child with `python -c`, so `sys.path[0]` is the working directory exactly as in the kernel, where a stray
+`torch/` folder shadows the real package.
+
+Every section records its own error instead of raising: a broken environment is a fact to diagnose.
+"""
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+import traceback
+import warnings
+
+MARKER = "@@JUPYTER_GPU_PROBE@@"
+STARTED = time.monotonic()
+
+
+def _error_text(exc):
+    return f"{type(exc).__name__}: {exc}"
+
+
+def python_facts():
+    import site
+
+    try:
+        user_site = site.getusersitepackages()
+    except Exception as exc:  # a broken site module is reported, not fatal
+        user_site = f"unknown ({_error_text(exc)})"
+    return {
+        "executable": sys.executable,
+        "executable_realpath": os.path.realpath(sys.executable),
+        "version": ".".join(str(part) for part in sys.version_info[:3]),
+        "prefix": sys.prefix,
+        "base_prefix": sys.base_prefix,
+        "user_site": user_site,
+        "user_site_enabled": bool(site.ENABLE_USER_SITE),
+        "sys_path": list(sys.path),
+        "cwd": os.getcwd(),
+    }
+
+
+VERSION_ASSIGNMENT = re.compile(r"^(__version__|cuda|hip|rocm|xpu)\s*(?::[^=]*)?=\s*(.+?)\s*$", re.M)
+
+
+def read_version_file(package_dir):
+    """torch/version.py, read as text: the build (CUDA, ROCm, CPU) without importing torch."""
+    path = os.path.join(package_dir, "version.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    values = {}
+    for name, raw in VERSION_ASSIGNMENT.findall(text):
+        raw = raw.strip()
+        if raw == "None":
+            values[name] = None
+        elif raw[:1] in "'\"":
+            values[name] = raw.strip("'\"")
+    return {"path": path, "version": values.get("__version__"), "cuda": values.get("cuda"),
+            "hip": values.get("hip") or values.get("rocm")}
+
+
+CUDA_FLAVOUR = re.compile(r"^nvidia-[a-z0-9-]+-cu(\d+)\b", re.I)
+
+
+def distribution_facts(name):
+    from importlib import metadata
+
+    found = []
+    for dist in metadata.distributions(name=name):
+        requires = dist.requires or []
+        flavours = sorted({m.group(1) for r in requires for m in [CUDA_FLAVOUR.match(r)] if m})
+        installer = (dist.read_text("INSTALLER") or "").strip() or None
+        found.append({
+            "version": dist.version,
+            "location": str(dist.locate_file("")),
+            "cuda_requirements": ["cu" + f for f in flavours],
+            "installer": installer,
+        })
+    return found
+
+
+def install_facts():
+    import glob
+    import importlib.util
+
+    out = {"distributions": distribution_facts("torch"), "spec_origin": None, "build": None}
+    for companion in ("torchvision", "torchaudio"):
+        dists = distribution_facts(companion)
+        out[companion] = dists[0]["version"] if dists else None
+    spec = importlib.util.find_spec("torch")  # finds without importing a top-level package
+    if spec is not None:
+        out["spec_origin"] = spec.origin
+        locations = list(spec.submodule_search_locations or [])
+        if locations:
+            out["package_dir"] = locations[0]
+            out["build"] = read_version_file(locations[0])
+    conda = []
+    for path in glob.glob(os.path.join(sys.prefix, "conda-meta", "pytorch-*.json")):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                conda.append(json.load(handle).get("build"))
+        except (OSError, ValueError):
+            continue
+    out["conda_builds"] = conda
+    return out
+
+
+def nvml_facts():
+    try:
+        import pynvml
+    except ImportError as exc:
+        return {"status": "not_installed", "error": _error_text(exc)}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return {"status": "init_failed", "error_code": getattr(exc, "value", None), "error": str(exc)}
+    out = {"status": "ok", "devices": []}
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        out["driver_version"] = version.decode() if isinstance(version, bytes) else version
+        out["cuda_driver_version"] = pynvml.nvmlSystemGetCudaDriverVersion()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            out["devices"].append(nvml_device(pynvml, index))
+    except pynvml.NVMLError as exc:
+        out["status"] = "error"
+        out["error_code"] = getattr(exc, "value", None)
+        out["error"] = str(exc)
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return out
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_device(pynvml, index):
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    device = {"index": index, "errors": {}}
+
+    def read(key, getter):
+        # A field this GPU does not support stays None (never a made-up 0) and the reason is kept.
+        try:
+            device[key] = getter()
+        except pynvml.NVMLError as exc:
+            device[key] = None
+            device["errors"][key] = str(exc)
+
+    read("name", lambda: _text(pynvml.nvmlDeviceGetName(handle)))
+    read("uuid", lambda: _text(pynvml.nvmlDeviceGetUUID(handle)))
+    read("compute_capability", lambda: list(pynvml.nvmlDeviceGetCudaComputeCapability(handle)))
+    read("memory_total", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
+    read("memory_used", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used))
+    read("compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
+    read("mig_mode", lambda: int(pynvml.nvmlDeviceGetMigMode(handle)[0]))
+    read("processes", lambda: [
+        {"pid": int(p.pid), "used_memory": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    ])
+    if device.get("mig_mode") == 1:
+        read("mig_devices", lambda: mig_devices(pynvml, handle))
+    return device
+
+
+def mig_devices(pynvml, handle):
+    found = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError:
+            continue  # an empty slot: no instance was created there
+        found.append({"uuid": _text(pynvml.nvmlDeviceGetUUID(mig)),
+                      "memory_total": int(pynvml.nvmlDeviceGetMemoryInfo(mig).total)})
+    return found
+
+
+def torch_facts():
+    out = {}
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+
+            out["version"] = torch.__version__
+            out["file"] = torch.__file__
+            out["cuda"] = torch.version.cuda
+            out["hip"] = getattr(torch.version, "hip", None)
+            compiled = hasattr(torch._C, "_cuda_getDeviceCount")
+            out["compiled_with_cuda"] = compiled
+            out["arch_flags"] = torch._C._cuda_getArchFlags().split() if compiled else []
+            # The only cuInit in the whole tool, and it happens here, in the child.
+            out["device_count"] = torch._C._cuda_getDeviceCount() if compiled else 0
+            out["devices"] = []
+            for index in range(out["device_count"]):
+                props = torch.cuda.get_device_properties(index)
+                out["devices"].append({"index": index, "name": props.name,
+                                       "capability": [props.major, props.minor],
+                                       "memory_total": int(props.total_memory),
+                                       "uuid": str(getattr(props, "uuid", "") or "") or None})
+            if out["device_count"]:
+                try:
+                    (torch.ones(1, device="cuda") * 2).sum().item()
+                    torch.cuda.synchronize()
+                except Exception as exc:  # "no kernel image", "busy or unavailable", ...
+                    out["init_error"] = _error_text(exc)
+            try:
+                out["cudnn_version"] = torch.backends.cudnn.version() if compiled else None
+            except Exception as exc:
+                out["cudnn_error"] = _error_text(exc)
+            try:
+                out["mps"] = {"built": bool(torch.backends.mps.is_built()),
+                              "available": bool(torch.backends.mps.is_available())}
+            except (AttributeError, RuntimeError):
+                out["mps"] = None
+            try:
+                out["xpu_available"] = bool(torch.xpu.is_available())
+            except (AttributeError, RuntimeError):
+                out["xpu_available"] = None
+        out["warnings"] = [str(w.message) for w in caught]
+        out["loaded_libraries"] = loaded_gpu_libraries()
+    except BaseException as exc:  # ImportError, OSError, even SystemExit from a broken install
+        out["import_error"] = _error_text(exc)
+        out["traceback"] = traceback.format_exc()[-4000:]
+    return out
+
+
+GPU_LIBRARIES = ("libcuda.so", "libcudart", "libcudnn", "libnvJitLink", "libnvidia-ml", "libamdhip64")
+
+
+def loaded_gpu_libraries():
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as handle:
+            paths = {line.split()[-1] for line in handle if "/" in line}
+    except OSError:
+        return []
+    return sorted(p for p in paths if any(name in os.path.basename(p) for name in GPU_LIBRARIES))
+
+
+def main(argv):
+    sections = set(argv[1].split(",")) if len(argv) > 1 else {"python", "install", "nvml"}
+    out = {}
+    runners = [("python", python_facts), ("install", install_facts), ("nvml", nvml_facts),
+               ("torch", torch_facts)]
+    for name, runner in runners:
+        if name not in sections:
+            continue
+        try:
+            out[name] = runner()
+        except Exception as exc:
+            out[name] = {"probe_error": _error_text(exc), "traceback": traceback.format_exc()[-4000:]}
+    out["duration_s"] = round(time.monotonic() - STARTED, 4)
+    sys.stdout.write("\n" + MARKER + json.dumps(out, default=str) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

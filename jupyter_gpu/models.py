@@ -1,0 +1,82 @@
+"""Plain data shared by every surface: findings and the `%gpucheck` report.
+
+Pure Python: no torch, NVML or IPython imports, so the CLI, the magics and later the server can all
+build, serialise and render the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["fail", "warn", "info"]
+Status = Literal["ok", "warn", "fail"]
+
+SEVERITY_RANK: dict[str, int] = {"fail": 0, "warn": 1, "info": 2}
+
+# The layers of the catalogue (§0/§7): the primary finding is the lowest-layer fail, else warn.
+LAYER_KERNEL = 0
+LAYER_BUILD = 1
+LAYER_HOST = 2
+LAYER_VISIBILITY = 3
+LAYER_COMPAT = 4
+LAYER_LAST_ERROR = 5
+LAYER_USAGE = 6
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: a stable code, how bad it is, and what to type to fix it."""
+
+    code: str
+    severity: Severity
+    headline: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: list[str] = field(default_factory=list)
+    refs: list[str] = field(default_factory=list)
+    layer: int = LAYER_USAGE
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            code=data["code"],
+            severity=data["severity"],
+            headline=data["headline"],
+            evidence=dict(data.get("evidence", {})),
+            fix=list(data.get("fix", [])),
+            refs=list(data.get("refs", [])),
+            layer=int(data.get("layer", LAYER_USAGE)),
+        )
+
+
+def order_findings(findings: list[Finding]) -> list[Finding]:
+    """Most important first: severity, then the lower (more fundamental) layer."""
+    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.layer))
+
+
+def overall_status(findings: list[Finding]) -> Status:
+    severities = {f.severity for f in findings}
+    if "fail" in severities:
+        return "fail"
+    if "warn" in severities:
+        return "warn"
+    return "ok"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device PyTorch can use in this kernel, as shown in the verdict line."""
+
+    index: int
+    name: str
+    kind: str = "cuda"  # "cuda" (also ROCm, which PyTorch exposes as cuda) or "mps"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.index}" if self.kind == "cuda" else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
