@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
+from jupyter_gpu.facts.context import ProbeContext
 from jupyter_gpu.facts.gather import TorchProbeCache
 from jupyter_gpu.options import OptionsError, check_parser, validate
 from jupyter_gpu.report import GpuCheckReport
@@ -26,6 +27,8 @@ class GpuCheckMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.torch_probe_cache = TorchProbeCache()
+        # Set by tests to point the magic at a fake machine (see tests/fixtures/fake_machine.py).
+        self.context: ProbeContext | None = None
 
     @line_magic
     def gpucheck(self, line: str) -> GpuCheckReport | None:
@@ -59,7 +62,7 @@ class GpuCheckMagics(Magics):
             notebook = gather_notebook_facts(self.shell.user_ns, names=options.names or None,
                                              last_exception=_last_exception())
         try:
-            report = run_check(options, notebook=notebook, cache=self.torch_probe_cache)
+            report = run_check(options, notebook=notebook, cache=self.torch_probe_cache, context=self.context)
         except (OSError, ValueError) as exc:
             raise UsageError(f"%gpucheck: {exc}") from None
         if options.json:

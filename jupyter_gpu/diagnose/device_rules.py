@@ -24,22 +24,33 @@ def _gib(value: int | None) -> str:
 
 def visible_devices_hide_gpus(view: FactsView) -> list[Finding]:
     value = view.env.get("CUDA_VISIBLE_DEVICES")
-    if value is None or not view.nvml_ok or not view.nvml_devices:
+    if value is None:
         return []
-    visible = view.visible_nvml_devices()
     vis = view.visibility
+    hides_by_value = vis.mode == "indices" and not vis.indices
+    if not (view.nvml_ok and view.nvml_devices):
+        if not hides_by_value:
+            return []
+        # No GPU to hide here, but the setting would hide one: worth knowing before moving to a GPU machine.
+        return [Finding(
+            "CUDA_VISIBLE_DEVICES_HIDES_GPUS", "fail" if view.nvidia_present else "info",
+            f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU from PyTorch.",
+            evidence={"CUDA_VISIBLE_DEVICES": value, "why": vis.problem},
+            fix=["Unset it before torch first uses CUDA: %env CUDA_VISIBLE_DEVICES=0  (then restart the kernel)"],
+            refs=["pytorch#63226"], layer=LAYER_VISIBILITY)]
+    visible = view.visible_nvml_devices()
     probe_count = (view.torch or {}).get("device_count")
-    all_hidden = not visible or (probe_count == 0 and vis.mode == "indices" and not vis.indices)
+    all_hidden = not visible or hides_by_value
     if not all_hidden and not vis.problem:
         return []
     fix_value = ",".join(str(d.index) for d in view.nvml_devices)
+    hidden = "every GPU" if all_hidden else "some GPUs"
     return [Finding(
         "CUDA_VISIBLE_DEVICES_HIDES_GPUS", "fail" if all_hidden else "warn",
-        f"CUDA_VISIBLE_DEVICES={value!r} hides "
-        + ("every GPU" if all_hidden else "some GPUs") + f" from PyTorch ({len(view.nvml_devices)} on this machine).",
+        f"CUDA_VISIBLE_DEVICES={value!r} hides {hidden} from PyTorch ({len(view.nvml_devices)} on this machine).",
         evidence={"CUDA_VISIBLE_DEVICES": value, "why": vis.problem, "gpus_on_machine": len(view.nvml_devices),
                   "visible_to_torch": probe_count if probe_count is not None else len(visible)},
-        fix=[f"%env CUDA_VISIBLE_DEVICES={fix_value}   # or unset it; it must be set before torch first uses CUDA",
+        fix=[f"%env CUDA_VISIBLE_DEVICES={fix_value}   # or unset it; set it before torch first uses CUDA",
              "Then restart the kernel and run this before `import torch`."],
         refs=["pytorch#63226", "pytorch/examples#115"], layer=LAYER_VISIBILITY)]
 

@@ -29,6 +29,8 @@ class ProbeContext:
     # Device-node access check. CI runs as root, where os.access is always True, so tests of
     # "permission denied" inject their own check here.
     access: Callable[[str], bool] | None = None
+    # The modules the *kernel* has imported (sys.modules by default): where the in-kernel torch is read.
+    modules: Mapping[str, object] = field(default_factory=lambda: sys.modules)
 
     @classmethod
     def from_environment(cls, root: str | None = None, **overrides: object) -> ProbeContext:

@@ -66,7 +66,10 @@ def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
     """Signs that a GPU may be reachable; without any, importing torch cannot change the verdict."""
     system = snapshot["system"]
     nvml = snapshot.get("nvml") or {}
-    signs = [f"PCI {g['vendor']} GPU at {g['address']}" for g in system["pci_gpus"] if g["vendor"] != "intel"]
+    version = ((snapshot.get("install") or {}).get("build") or {}).get("version") or ""
+    # Nearly every laptop has an Intel GPU: it only counts for an XPU build of torch.
+    signs = [f"PCI {g['vendor']} GPU at {g['address']}" for g in system["pci_gpus"]
+             if g["vendor"] != "intel" or "+xpu" in version]
     signs += [n["path"] for n in system["device_nodes"]]
     if system["driver"]["proc_version_text"]:
         signs.append("/proc/driver/nvidia/version")
@@ -114,7 +117,7 @@ def gather_facts(
         "env": {name: ctx.env[name] for name in RELEVANT_ENV if name in ctx.env},
     }
     snapshot["kernel"] = gather_kernel(ctx, snapshot["python"] or {})
-    snapshot["in_kernel"] = gather_in_kernel()
+    snapshot["in_kernel"] = gather_in_kernel(ctx.modules)
     wanted, reason = torch_probe_decision(snapshot)
     wanted = wanted or force_torch_probe
     torch: dict[str, Any] | None = None

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Mapping
 from typing import Any
 
 
-def gather_in_kernel() -> dict[str, Any]:
+def gather_in_kernel(modules: Mapping[str, object]) -> dict[str, Any]:
     """The torch module this process imported, and its CUDA state only if CUDA is already up.
 
     Calling `torch.cuda.device_count()` before the user touched CUDA would run cuInit here and
     poison every forked DataLoader worker later, so the CUDA questions wait for `is_initialized()`.
     """
-    torch = sys.modules.get("torch")
+    torch: Any = modules.get("torch")
     if torch is None:
         return {"torch_imported": False}
     out: dict[str, Any] = {

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+
+from fake_machine import Machine  # noqa: E402
+
+from jupyter_gpu.diagnose.engine import diagnose  # noqa: E402
+from jupyter_gpu.facts.context import ProbeContext  # noqa: E402
+from jupyter_gpu.facts.gather import gather_facts  # noqa: E402
+from jupyter_gpu.report import GpuCheckReport  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh virtual environment with nothing installed: no torch, no pynvml."""
+    venv = tmp_path_factory.mktemp("bare-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
+@pytest.fixture
+def lay_out(tmp_path: Path, bare_python: str) -> Callable[..., ProbeContext]:
+    def build(machine: Machine, **context: object) -> ProbeContext:
+        return machine.build(tmp_path, bare_python, **context)
+
+    return build
+
+
+@pytest.fixture
+def check_machine(lay_out: Callable[..., ProbeContext]) -> Callable[..., GpuCheckReport]:
+    """Gather facts from a fake machine with the real code, then diagnose them."""
+
+    def check(machine: Machine, **context: object) -> GpuCheckReport:
+        return diagnose(gather_facts(lay_out(machine, **context)))
+
+    return check
