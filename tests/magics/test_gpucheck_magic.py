@@ -150,3 +150,27 @@ def test_html_escapes_hostile_names(ip, lay_out):
     html = report._repr_html_()
     assert "<img" not in html
     assert html.count("&lt;img src=x onerror=alert(1)&gt;") >= 2  # the verdict and the exception evidence
+
+
+@pytest.fixture
+def small_shm(tmp_path):
+    """A real 64 MiB tmpfs as the fake machine's /dev/shm (Docker's default size)."""
+    import subprocess
+
+    target = tmp_path / "root" / "dev" / "shm"
+    target.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(target)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield target
+    subprocess.run(["umount", str(target)], check=True)
+
+
+def test_small_shared_memory_with_dataloader_workers(ip, lay_out, small_shm):
+    magics_instance(ip).context = lay_out(Machine(files={"/.dockerenv": ""}).nvidia_host().cuda_torch())
+    ip.run_cell("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+                "loader = DataLoader(TensorDataset(torch.zeros(64, 3)), batch_size=8, num_workers=2)")
+    report = ip.run_line_magic("gpucheck", "-q -o")
+    finding = next(f for f in report.findings if f.code == "SHM_TOO_SMALL")
+    assert "64 MiB" in finding.headline and "--shm-size" in "\n".join(finding.fix)

@@ -28,10 +28,18 @@ TOP_KEYS = {
     "last_exception",
 }
 FLAG_KEYS = {
-    "float32_matmul_precision", "matmul_allow_tf32", "matmul_fp32_precision", "cudnn_allow_tf32", "cudnn_enabled",
-    "cudnn_benchmark", "cudnn_deterministic", "anomaly_enabled", "deterministic_algorithms", "cuda_initialized",
+    "float32_matmul_precision",
+    "matmul_allow_tf32",
+    "matmul_fp32_precision",
+    "cudnn_allow_tf32",
+    "cudnn_enabled",
+    "cudnn_benchmark",
+    "cudnn_deterministic",
+    "anomaly_enabled",
+    "deterministic_algorithms",
+    "cuda_initialized",
     "sync_debug_mode",
-}  # fmt: skip
+}
 
 
 def gather(ns, **kw):
@@ -45,8 +53,13 @@ def by_name(facts):
 
 
 def usage(facts, **kw):
-    args = {"gpu_usable": True, "gpu_kind": "cuda", "cuda_launch_blocking": False, "shm_bytes": None,
-            "cpu_count": 8} | kw  # fmt: skip
+    args = {
+        "gpu_usable": True,
+        "gpu_kind": "cuda",
+        "cuda_launch_blocking": False,
+        "shm_bytes": None,
+        "cpu_count": 8,
+    } | kw
     return usage_findings(json.loads(json.dumps(facts)), **args)
 
 
@@ -70,8 +83,13 @@ def cnn():
 
 @pytest.fixture
 def restore_torch_flags():
-    saved = (torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled,
-             torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled())  # fmt: skip
+    saved = (
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.enabled,
+        torch.is_anomaly_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
     yield
     torch.set_float32_matmul_precision(saved[0])
     torch.backends.cudnn.benchmark, torch.backends.cudnn.enabled = saved[1], saved[2]
@@ -87,11 +105,17 @@ def test_schema_and_modules_read_from_real_layers():
     assert list(by_name(facts)) == ["net", "rnn"]
     entry = by_name(facts)["net"]
     assert entry == {
-        "kind": "module", "name": "net", "class": "Sequential",
+        "kind": "module",
+        "name": "net",
+        "class": "Sequential",
         "param_count": sum(p.numel() for p in net.parameters()),
-        "devices": ["cpu"], "dtypes": ["float32"], "part_of": None,
-        "has_conv": True, "has_rnn": False, "has_batchnorm": True,
-    }  # fmt: skip
+        "devices": ["cpu"],
+        "dtypes": ["float32"],
+        "part_of": None,
+        "has_conv": True,
+        "has_rnn": False,
+        "has_batchnorm": True,
+    }
     assert by_name(facts)["rnn"]["has_rnn"] is True and by_name(facts)["rnn"]["has_conv"] is False
 
 
@@ -125,8 +149,14 @@ def test_tensors_small_ones_only_when_named():
         "w": torch.empty(4096, 4096, device="meta"),
     }
     objs = by_name(gather(ns))
-    assert objs["big"] == {"kind": "tensor", "name": "big", "device": "cpu", "dtype": "float32",
-                           "shape": [512, 1024], "nbytes": 2 * 2**20}  # fmt: skip
+    assert objs["big"] == {
+        "kind": "tensor",
+        "name": "big",
+        "device": "cpu",
+        "dtype": "float32",
+        "shape": [512, 1024],
+        "nbytes": 2 * 2**20,
+    }
     assert "small" not in objs and objs["w"]["device"] == "meta"
     named = gather(ns, names=["small", "nope", "small"])
     assert [o["name"] for o in named["objects"]] == ["small"]
@@ -150,8 +180,13 @@ def test_optimizer_after_a_real_step():
     opt = _stepped(model)
     entry = by_name(gather({"opt": opt}))["opt"]
     # Adam's 0-dim `step` counter lives on the CPU by design and is left out of state_devices.
-    assert entry == {"kind": "optimizer", "name": "opt", "class": "Adam", "param_devices": ["cpu"],
-                     "state_devices": ["cpu"]}  # fmt: skip
+    assert entry == {
+        "kind": "optimizer",
+        "name": "opt",
+        "class": "Adam",
+        "param_devices": ["cpu"],
+        "state_devices": ["cpu"],
+    }
 
 
 def test_moving_a_model_after_the_optimizer_step_strands_the_state_and_the_fix_works():
@@ -187,10 +222,17 @@ def test_dataloader_settings():
     ds = TensorDataset(torch.randn(20_000, 4), torch.randn(20_000))
     facts = gather({"train_loader": DataLoader(ds, batch_size=32, shuffle=True), "model": cnn()})
     assert by_name(facts)["train_loader"] == {
-        "kind": "dataloader", "name": "train_loader", "batch_size": 32, "num_workers": 0, "pin_memory": False,
-        "persistent_workers": False, "start_method": by_name(facts)["train_loader"]["start_method"],
-        "dataset_class": "TensorDataset", "dataset_module": "torch.utils.data.dataset", "dataset_len": 20_000,
-    }  # fmt: skip
+        "kind": "dataloader",
+        "name": "train_loader",
+        "batch_size": 32,
+        "num_workers": 0,
+        "pin_memory": False,
+        "persistent_workers": False,
+        "start_method": by_name(facts)["train_loader"]["start_method"],
+        "dataset_class": "TensorDataset",
+        "dataset_module": "torch.utils.data.dataset",
+        "dataset_len": 20_000,
+    }
     assert by_name(facts)["train_loader"]["start_method"] in multiprocessing.get_all_start_methods()
 
 
@@ -211,8 +253,12 @@ def test_spawned_workers_and_a_notebook_dataset():
 
 def test_grad_scaler_means_amp():
     entry = by_name(gather({"scaler": torch.amp.GradScaler("cpu")}))["scaler"]
-    assert entry == {"kind": "grad_scaler", "name": "scaler", "class": "torch.amp.grad_scaler.GradScaler",
-                     "enabled": True}  # fmt: skip
+    assert entry == {
+        "kind": "grad_scaler",
+        "name": "scaler",
+        "class": "torch.amp.grad_scaler.GradScaler",
+        "enabled": True,
+    }
 
 
 def test_a_broken_object_is_reported_and_the_rest_still_audited():
@@ -244,8 +290,18 @@ def test_gathering_never_touches_cuda_initialisation(monkeypatch):
     def initialises(*args, **kwargs):
         raise AssertionError("gathering notebook facts called a CUDA-initialising function")
 
-    for name in ("is_available", "device_count", "mem_get_info", "init", "_lazy_init", "current_device",
-                 "get_device_properties", "get_sync_debug_mode", "synchronize", "memory_allocated"):  # fmt: skip
+    for name in (
+        "is_available",
+        "device_count",
+        "mem_get_info",
+        "init",
+        "_lazy_init",
+        "current_device",
+        "get_device_properties",
+        "get_sync_debug_mode",
+        "synchronize",
+        "memory_allocated",
+    ):
         monkeypatch.setattr(torch.cuda, name, initialises)
     model = cnn()
     facts = gather(
@@ -282,8 +338,11 @@ def test_gathering_without_torch_never_imports_it():
     facts = out["facts"]
     assert (facts["torch_imported"], facts["flags"], facts["objects"]) == (False, None, [])
     assert facts["missing_names"] == ["model"]
-    assert facts["last_exception"] == {"type": "RuntimeError", "message": "Torch not compiled with CUDA enabled",
-                                       "chain": []}  # fmt: skip
+    assert facts["last_exception"] == {
+        "type": "RuntimeError",
+        "message": "Torch not compiled with CUDA enabled",
+        "chain": [],
+    }
     assert usage(facts, cuda_launch_blocking=True) == []
     assert [f.code for f in last_error_findings(facts, gpu_usable=False)] == ["CUDA_INIT_ERROR"]
 
@@ -312,8 +371,10 @@ def test_cpu_out_of_memory_from_a_real_allocation():
 def test_cuda_out_of_memory_wrapped_by_user_code_is_found_in_the_chain():
     def step():
         try:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
-                                         "capacity of 79.19 GiB of which 1.06 GiB is free.")  # fmt: skip
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                "capacity of 79.19 GiB of which 1.06 GiB is free."
+            )
         except torch.OutOfMemoryError as oom:
             raise RuntimeError("training step failed") from oom
 
