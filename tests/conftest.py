@@ -9,12 +9,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 
-from fake_machine import Machine  # noqa: E402
+from fake_machine import Machine
 
-from jupyter_gpu.diagnose.engine import diagnose  # noqa: E402
-from jupyter_gpu.facts.context import ProbeContext  # noqa: E402
-from jupyter_gpu.facts.gather import gather_facts  # noqa: E402
-from jupyter_gpu.report import GpuCheckReport  # noqa: E402
+from jupyter_gpu.diagnose.engine import diagnose
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.gather import gather_facts
+from jupyter_gpu.report import GpuCheckReport
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from fake_machine import Machine
+from fake_machine import Machine, nvml_gpu
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
@@ -84,7 +84,7 @@ def test_json_output_is_the_report(ip):
     ('--root "unclosed', "No closing quotation"),
 ])
 def test_bad_options_are_one_sentence_usage_errors(ip, line, words):
-    with pytest.raises(UsageError, match="^%gpucheck: ") as error:
+    with pytest.raises(UsageError, match=r"^%gpucheck: ") as error:
         ip.run_line_magic("gpucheck", line)
     assert words in str(error.value)
     assert "\n" not in str(error.value)
@@ -140,8 +140,7 @@ def test_last_cell_device_mismatch_is_explained(ip, lay_out):
 
 def test_html_escapes_hostile_names(ip, lay_out):
     hostile = "<img src=x onerror=alert(1)>"
-    gpu = {"name": hostile, "uuid": "GPU-x", "compute_capability": [9, 0], "memory_total": 80 << 30,
-           "memory_used": 0, "compute_mode": 0, "mig_mode": 0, "processes": [{"pid": 4242, "used": 60 << 30}]}
+    gpu = nvml_gpu(hostile, "GPU-x", (9, 0), 80 << 30, processes=[{"pid": 4242, "used": 60 << 30}])
     magics_instance(ip).context = lay_out(Machine().nvidia_host(devices=[gpu]).cuda_torch())
     ip.run_cell(f"raise RuntimeError('CUDA out of memory. Tried to allocate 2.00 GiB {hostile}')")
     report = ip.run_line_magic("gpucheck", "-q -o")

@@ -6,7 +6,7 @@ import json
 import signal
 
 import pytest
-from fake_machine import H100, Machine
+from fake_machine import H100, Machine, nvml_gpu
 
 TOO_OLD = (
     "CUDA initialization: The NVIDIA driver on your system is too old (found version 12080). Please update "
@@ -22,36 +22,9 @@ UNKNOWN = (
     "CUDA initialization: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. "
     "changing env variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero."
 )
-P100 = {
-    "name": "Tesla P100-PCIE-16GB",
-    "uuid": "GPU-p100",
-    "compute_capability": [6, 0],
-    "memory_total": 17_071_734_784,
-    "memory_used": 0,
-    "compute_mode": 0,
-    "mig_mode": 0,
-    "processes": [],
-}
-RTX5090 = {
-    "name": "NVIDIA GeForce RTX 5090",
-    "uuid": "GPU-5090",
-    "compute_capability": [12, 0],
-    "memory_total": 34_190_917_632,
-    "memory_used": 0,
-    "compute_mode": 0,
-    "mig_mode": 0,
-    "processes": [],
-}
-A100_MIG = {
-    "name": "NVIDIA A100-SXM4-80GB",
-    "uuid": "GPU-a100",
-    "compute_capability": [8, 0],
-    "memory_total": 85_899_345_920,
-    "memory_used": 0,
-    "compute_mode": 0,
-    "mig_mode": 1,
-    "processes": [],
-}
+P100 = nvml_gpu("Tesla P100-PCIE-16GB", "GPU-p100", (6, 0), 17_071_734_784)
+RTX5090 = nvml_gpu("NVIDIA GeForce RTX 5090", "GPU-5090", (12, 0), 34_190_917_632)
+A100_MIG = nvml_gpu("NVIDIA A100-SXM4-80GB", "GPU-a100", (8, 0), 85_899_345_920, mig_mode=1)
 
 
 def text(report) -> str:

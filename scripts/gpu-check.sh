@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run on a machine with an NVIDIA GPU: the gpu-marked tests, then the real diagnosis, printed for the record.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+[ -x "$PY" ] || { python3 -m venv .venv && $PY -m pip install -q -e '.[test]'; }
+nvidia-smi || true
+$PY -m pytest -p no:cacheprovider -o addopts="" -m gpu tests/gpu -v -s
+status=$?
+$PY -m jupyter_gpu check -v
+exit $status
