@@ -224,7 +224,7 @@ def cuda_not_available(view: FactsView, already: list[Finding]) -> list[Finding]
     torch = view.torch or {}
     if not view.probe_ran or not (torch.get("compiled_with_cuda") or view.torch_hip):
         return []
-    failed_init = torch.get("init_error")
+    failed_init = torch.get("init_error") or torch.get("cuda_error")
     if torch.get("device_count") and not failed_init:
         return []
     if any(f.severity == "fail" for f in already):

@@ -14,7 +14,7 @@ from jupyter_gpu.report import GpuCheckReport
 def usable_devices(view: FactsView) -> list[Device]:
     """Devices torch really initialised and ran a kernel on in the probe; MPS on a Mac."""
     torch = view.torch or {}
-    if view.probe_ran and torch.get("device_count") and not torch.get("init_error"):
+    if view.probe_ran and torch.get("device_count") and not (torch.get("init_error") or torch.get("cuda_error")):
         return [Device(int(d["index"]), str(d.get("name") or "GPU")) for d in torch.get("devices") or []]
     if (torch.get("mps") or {}).get("available"):
         return [Device(0, "Apple GPU", kind="mps")]

@@ -182,8 +182,9 @@ class FactsView:
         """Warnings and errors torch printed while initialising CUDA, verbatim."""
         torch = self.torch or {}
         messages = list(torch.get("warnings") or [])
-        if torch.get("init_error"):
-            messages.append(torch["init_error"])
+        for key in ("init_error", "cuda_error"):
+            if torch.get(key):
+                messages.append(torch[key])
         return messages
 
     def cuda_error_number(self) -> int | None:

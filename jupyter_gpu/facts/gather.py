@@ -70,7 +70,9 @@ def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
     # Nearly every laptop has an Intel GPU: it only counts for an XPU build of torch.
     signs = [f"PCI {g['vendor']} GPU at {g['address']}" for g in system["pci_gpus"]
              if g["vendor"] != "intel" or "+xpu" in version]
-    signs += [n["path"] for n in system["device_nodes"]]
+    # Render nodes exist on most Intel laptops: they only count for ROCm and XPU builds of torch.
+    accelerated = ((snapshot.get("install") or {}).get("build") or {}).get("hip") or "+xpu" in version
+    signs += [n["path"] for n in system["device_nodes"] if accelerated or not n["path"].startswith("/dev/dri/")]
     if system["driver"]["proc_version_text"]:
         signs.append("/proc/driver/nvidia/version")
     if nvml.get("status") == "ok" or (nvml.get("status") == "init_failed" and nvml.get("error_code") != 12):
@@ -82,6 +84,8 @@ def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
 
 def torch_probe_decision(snapshot: dict[str, Any]) -> tuple[bool, str]:
     install = snapshot.get("install") or {}
+    if snapshot.get("install") is None:
+        return False, "the kernel's interpreter could not be inspected (see probe.base)"
     if not install.get("spec_origin"):
         return False, "torch is not importable, so there is nothing to import"
     build = install.get("build") or {}
@@ -143,9 +147,12 @@ def gather_facts(
 def load_snapshot(path: str) -> dict[str, Any]:
     with open(path, encoding="utf-8") as handle:
         snapshot = json.load(handle)
-    if snapshot.get("schema") != SCHEMA_NAME:
+    if not isinstance(snapshot, dict) or snapshot.get("schema") != SCHEMA_NAME:
         raise ValueError(f"{path} is not a jupyter-gpu facts snapshot (no '{SCHEMA_NAME}' schema field)")
-    if int(snapshot.get("schema_version", 0)) > SCHEMA_VERSION:
+    version = snapshot.get("schema_version")
+    if not isinstance(version, int):
+        raise ValueError(f"{path} has no integer schema_version, so it cannot be read as a facts snapshot")
+    if version > SCHEMA_VERSION:
         raise ValueError(
             f"{path} has facts schema version {snapshot['schema_version']}, newer than this jupyter-gpu "
             f"understands ({SCHEMA_VERSION}); upgrade jupyter-gpu to read it"

@@ -190,52 +190,59 @@ def mig_devices(pynvml, handle):
 
 def torch_facts():
     out = {}
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
             import torch
-
-            out["version"] = torch.__version__
-            out["file"] = torch.__file__
-            out["cuda"] = torch.version.cuda
-            out["hip"] = getattr(torch.version, "hip", None)
-            compiled = hasattr(torch._C, "_cuda_getDeviceCount")
-            out["compiled_with_cuda"] = compiled
-            out["arch_flags"] = torch._C._cuda_getArchFlags().split() if compiled else []
-            # The only cuInit in the whole tool, and it happens here, in the child.
-            out["device_count"] = torch._C._cuda_getDeviceCount() if compiled else 0
-            out["devices"] = []
-            for index in range(out["device_count"]):
-                props = torch.cuda.get_device_properties(index)
-                out["devices"].append({"index": index, "name": props.name,
-                                       "capability": [props.major, props.minor],
-                                       "memory_total": int(props.total_memory),
-                                       "uuid": str(getattr(props, "uuid", "") or "") or None})
-            if out["device_count"]:
-                try:
-                    (torch.ones(1, device="cuda") * 2).sum().item()
-                    torch.cuda.synchronize()
-                except Exception as exc:  # "no kernel image", "busy or unavailable", ...
-                    out["init_error"] = _error_text(exc)
-            try:
-                out["cudnn_version"] = torch.backends.cudnn.version() if compiled else None
-            except Exception as exc:
-                out["cudnn_error"] = _error_text(exc)
-            try:
-                out["mps"] = {"built": bool(torch.backends.mps.is_built()),
-                              "available": bool(torch.backends.mps.is_available())}
-            except (AttributeError, RuntimeError):
-                out["mps"] = None
-            try:
-                out["xpu_available"] = bool(torch.xpu.is_available())
-            except (AttributeError, RuntimeError):
-                out["xpu_available"] = None
-        out["warnings"] = [str(w.message) for w in caught]
-        out["loaded_libraries"] = loaded_gpu_libraries()
-    except BaseException as exc:  # ImportError, OSError, even SystemExit from a broken install
-        out["import_error"] = _error_text(exc)
-        out["traceback"] = traceback.format_exc()[-4000:]
+        except BaseException as exc:  # ImportError, OSError, even SystemExit from a broken install
+            out["import_error"] = _error_text(exc)
+            out["traceback"] = traceback.format_exc()[-4000:]
+            out["warnings"] = [str(w.message) for w in caught]
+            return out
+        try:
+            cuda_facts(torch, out)
+        except Exception as exc:  # torch imported, but a later query failed: keep what was learnt
+            out["cuda_error"] = _error_text(exc)
+    out["warnings"] = [str(w.message) for w in caught]
+    out["loaded_libraries"] = loaded_gpu_libraries()
     return out
+
+
+def cuda_facts(torch, out):
+    out["version"] = torch.__version__
+    out["file"] = torch.__file__
+    out["cuda"] = torch.version.cuda
+    out["hip"] = getattr(torch.version, "hip", None)
+    compiled = hasattr(torch._C, "_cuda_getDeviceCount")
+    out["compiled_with_cuda"] = compiled
+    out["arch_flags"] = torch._C._cuda_getArchFlags().split() if compiled else []
+    # The only cuInit in the whole tool, and it happens here, in the child.
+    out["device_count"] = torch._C._cuda_getDeviceCount() if compiled else 0
+    out["devices"] = []
+    for index in range(out["device_count"]):
+        props = torch.cuda.get_device_properties(index)
+        out["devices"].append({"index": index, "name": props.name, "capability": [props.major, props.minor],
+                               "memory_total": int(props.total_memory),
+                               "uuid": str(getattr(props, "uuid", "") or "") or None})
+    if out["device_count"]:
+        try:
+            (torch.ones(1, device="cuda") * 2).sum().item()
+            torch.cuda.synchronize()
+        except Exception as exc:  # "no kernel image", "busy or unavailable", ...
+            out["init_error"] = _error_text(exc)
+    try:
+        out["cudnn_version"] = torch.backends.cudnn.version() if compiled else None
+    except Exception as exc:
+        out["cudnn_error"] = _error_text(exc)
+    try:
+        out["mps"] = {"built": bool(torch.backends.mps.is_built()),
+                      "available": bool(torch.backends.mps.is_available())}
+    except (AttributeError, RuntimeError):
+        out["mps"] = None
+    try:
+        out["xpu_available"] = bool(torch.xpu.is_available())
+    except (AttributeError, RuntimeError):
+        out["xpu_available"] = None
 
 
 GPU_LIBRARIES = ("libcuda.so", "libcudart", "libcudnn", "libnvJitLink", "libnvidia-ml", "libamdhip64")

@@ -63,11 +63,16 @@ def test_save_and_replay_from_the_command_line(tmp_path):
     assert replayed.returncode == saved.returncode
 
 
-def test_newer_snapshot_schema_is_refused_clearly(tmp_path):
-    facts = tmp_path / "future.json"
-    facts.write_text(json.dumps({"schema": "jupyter-gpu/facts", "schema_version": 99}))
+@pytest.mark.parametrize(("content", "words"), [
+    ({"schema": "jupyter-gpu/facts", "schema_version": 99}, "upgrade jupyter-gpu"),
+    ({"schema": "jupyter-gpu/facts"}, "no integer schema_version"),
+    ([1, 2, 3], "is not a jupyter-gpu facts snapshot"),
+])
+def test_unreadable_snapshots_are_refused_clearly(tmp_path, content, words):
+    facts = tmp_path / "facts.json"
+    facts.write_text(json.dumps(content))
     done = run(["-m", "jupyter_gpu", "check", "--facts", str(facts)])
-    assert done.returncode == 2 and "upgrade jupyter-gpu" in done.stderr
+    assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.fixture

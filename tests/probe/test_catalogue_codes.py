@@ -462,3 +462,12 @@ def test_cuda_not_available_without_known_cause_shows_torch_words(check_machine)
 def test_missing_interpreter_is_a_finding(check_machine):
     report = check_machine(Machine(), python="/nonexistent/bin/python")
     assert report.primary.code == "KERNEL_PROBE_FAILED"
+
+
+def test_failure_after_import_keeps_torch_warnings(check_machine):
+    machine = Machine().nvidia_host().cuda_torch(warnings=["CUDA initialization: odd but recoverable"])
+    machine.torch["devices"] = []  # device_count says 1, but reading device 0 fails
+    machine.torch["device_count"] = 1
+    report = check_machine(machine)
+    assert report.primary.code == "CUDA_NOT_AVAILABLE" and not report.gpu_usable
+    assert "odd but recoverable" in str(report) and "IndexError" in str(report)
