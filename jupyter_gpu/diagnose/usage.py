@@ -62,9 +62,10 @@ def usage_findings(
     shm_bytes: int | None,
     cpu_count: int | None,
 ) -> list[Finding]:
-    """Findings about how the notebook uses the GPU; [] when torch is not imported (nothing to audit)."""
+    """Findings about how the notebook uses the GPU. Without torch imported (or from the command line) only
+    the environment's CUDA_LAUNCH_BLOCKING is left to check."""
     if not notebook.get("torch_imported"):
-        return []
+        return _debug_modes({}, cuda_launch_blocking=cuda_launch_blocking)
     flags = notebook.get("flags") or {}
     models = _models(notebook)
     gpu_models = [m for m in models if _on_gpu(m)]

@@ -117,3 +117,18 @@ def test_import_has_no_side_effects():
     done = run(["-c", "import sys, jupyter_gpu; print(sorted(m for m in ('torch', 'pynvml', 'IPython') "
                 "if m in sys.modules))"])
     assert done.stdout.strip() == "[]"
+
+
+def test_cuda_launch_blocking_is_flagged_from_the_command_line():
+    done = run(["-m", "jupyter_gpu", "check", "--json"], env={"CUDA_LAUNCH_BLOCKING": "1"})
+    debug = [f for f in json.loads(done.stdout)["findings"] if f["code"] == "DEBUG_MODE_ON"]
+    assert debug and "CUDA_LAUNCH_BLOCKING" in debug[0]["headline"] + str(debug[0]["evidence"])
+
+
+def test_root_option_reads_a_fake_machine(tmp_path, bare_python):
+    ctx = Machine(files={"/.dockerenv": ""}, env={"NVIDIA_VISIBLE_DEVICES": "void"}).cpu_torch().build(
+        tmp_path, bare_python)
+    env = {**ctx.env, "PYTHONPATH": f"{ctx.env['PYTHONPATH']}:{REPO}"}
+    done = subprocess.run([bare_python, "-m", "jupyter_gpu", "check", "--root", str(ctx.root)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=ctx.cwd)
+    assert "CONTAINER_NO_GPU" in done.stdout and "NVIDIA_VISIBLE_DEVICES: void" in done.stdout

@@ -117,9 +117,10 @@ def test_a_well_set_up_gpu_notebook_has_no_findings():
     assert usage(nb) == []
 
 
-def test_nothing_to_audit_without_torch_even_with_debug_env():
+def test_without_torch_only_the_environment_debug_switch_is_reported():
     nb = {"torch_imported": False, "flags": None, "objects": [], "last_exception": None}
-    assert usage(nb, cuda_launch_blocking=True) == []
+    assert usage(nb) == []
+    assert [f.code for f in usage(nb, cuda_launch_blocking=True)] == ["DEBUG_MODE_ON"]
 
 
 def test_model_on_cpu_names_the_variable_and_moves_optimizer_state():
