@@ -343,7 +343,7 @@ def test_gathering_without_torch_never_imports_it():
         "message": "Torch not compiled with CUDA enabled",
         "chain": [],
     }
-    assert usage(facts, cuda_launch_blocking=True) == []
+    assert usage(facts) == []  # nothing in the namespace to audit without torch
     assert [f.code for f in last_error_findings(facts, gpu_usable=False)] == ["CUDA_INIT_ERROR"]
 
 
