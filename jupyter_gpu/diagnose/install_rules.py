@@ -112,7 +112,12 @@ def shadowed_install(view: FactsView) -> list[Finding]:
     if not origin:
         return []
     locations = [d["location"] for d in dists]
-    outside = not any(origin.startswith(os.path.join(loc, "")) for loc in locations)
+    # A `torch/` folder in the working directory or on PYTHONPATH, with no install behind it, wins over the
+    # real package (source checkouts installed in develop mode are not flagged: they have a dist elsewhere).
+    stray_roots = [view.python.get("cwd") or "", *view.env.get("PYTHONPATH", "").split(os.pathsep)]
+    package_parent = os.path.dirname(os.path.dirname(origin))
+    outside = not any(origin.startswith(os.path.join(loc, "")) for loc in locations) and any(
+        root and os.path.normpath(root) == os.path.normpath(package_parent) for root in stray_roots)
     if len(dists) <= 1 and not outside:
         return []
     user_site = view.python.get("user_site") or ""

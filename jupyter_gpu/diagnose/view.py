@@ -221,9 +221,12 @@ class FactsView:
         if vis.mode == "all":
             return devices
         if vis.mode == "uuids":
-            return [d for d in devices if d.uuid and any(d.uuid.startswith(u) or u.startswith(d.uuid)
-                                                         for u in vis.uuids)] or (
-                devices if any(u.startswith("MIG-") for u in vis.uuids) else [])
+            # A GPU is selected by its UUID or a unique prefix of it, or through one of its MIG instances.
+            def selected(d: NvmlDevice) -> bool:
+                migs = {m.get("uuid") for m in d.mig_devices or []}
+                return any(u in migs or bool(d.uuid and d.uuid.startswith(u)) for u in vis.uuids)
+
+            return [d for d in devices if selected(d)]
         by_index = {d.index: d for d in devices}
         return [by_index[i] for i in vis.indices if i in by_index]
 

@@ -471,3 +471,16 @@ def test_failure_after_import_keeps_torch_warnings(check_machine):
     report = check_machine(machine)
     assert report.primary.code == "CUDA_NOT_AVAILABLE" and not report.gpu_usable
     assert "odd but recoverable" in str(report) and "IndexError" in str(report)
+
+
+def test_cuda_visible_devices_by_uuid_prefix_selects_the_gpu(check_machine):
+    machine = Machine(env={"CUDA_VISIBLE_DEVICES": "GPU-1b2c3d4e"}).nvidia_host().cuda_torch()
+    report = check_machine(machine)
+    assert report.status == "ok" and "CUDA_VISIBLE_DEVICES_HIDES_GPUS" not in report.codes
+
+
+def test_cuda_visible_devices_with_an_unknown_uuid_hides_every_gpu(check_machine):
+    machine = Machine(env={"CUDA_VISIBLE_DEVICES": "GPU-deadbeef"}).nvidia_host().cuda_torch(
+        devices=[], device_count=0)
+    report = check_machine(machine)
+    assert report.primary.code == "CUDA_VISIBLE_DEVICES_HIDES_GPUS"
