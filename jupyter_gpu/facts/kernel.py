@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from typing import Any
 
 from jupyter_gpu.facts.context import ProbeContext
@@ -108,7 +107,7 @@ def gather_kernel(ctx: ProbeContext, python: dict[str, Any]) -> dict[str, Any]:
             others[label] = {"prefix": other_prefix, "torch": torch_in_prefix(ctx, other_prefix)}
     return {
         "python": ctx.python,
-        "in_ipykernel": "ipykernel" in sys.modules,
+        "in_ipykernel": "ipykernel" in ctx.modules,
         "which_python": which_python,
         "which_python_resolved": ctx.resolve(which_python) if which_python else None,
         "which_pip": which_pip,
