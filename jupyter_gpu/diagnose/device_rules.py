@@ -135,13 +135,24 @@ def memory_held_by_others(view: FactsView) -> list[Finding]:
                 held.append((d, p))
     if not held:
         return []
+    local = [str(p["pid"]) for _, p in held if p.get("in_this_pid_namespace", True)]
+    foreign = [str(p["pid"]) for _, p in held if not p.get("in_this_pid_namespace", True)]
+    fix = ["Shut down unused kernels (Running Terminals and Kernels tab)"]
+    if local:
+        fix.append("or stop them: kill " + " ".join(local))
+    if foreign:
+        fix.append(f"PID {', '.join(foreign)} is not visible from here (NVML reports host PIDs in a container); "
+                   "find it on the host with: nvidia-smi --query-compute-apps=pid,used_memory --format=csv")
+    headline = (f"Other processes hold {_gib(sum(p['used_memory'] for _, p in held))} of GPU memory "
+                "(a forgotten notebook kernel or DataLoader workers?).")
+    if foreign and view.in_kernel.get("cuda_initialized"):
+        headline = (f"Processes hold {_gib(sum(p['used_memory'] for _, p in held))} of GPU memory; NVML shows "
+                    "host PIDs here, so this kernel may be one of them.")
     return [Finding(
-        "GPU_MEMORY_HELD_BY_OTHER_PROCESS", "warn",
-        f"Other processes hold {_gib(sum(p['used_memory'] for _, p in held))} of GPU memory "
-        "(a forgotten notebook kernel or DataLoader workers?).",
-        evidence={"processes": [f"pid {p['pid']} holds {_gib(p['used_memory'])} on GPU {d.index}" for d, p in held]},
-        fix=["Shut down unused kernels (Running Terminals and Kernels tab), or: kill "
-             + " ".join(str(p["pid"]) for _, p in held)], layer=LAYER_VISIBILITY)]
+        "GPU_MEMORY_HELD_BY_OTHER_PROCESS", "warn", headline,
+        evidence={"processes": [f"pid {p['pid']} holds {_gib(p['used_memory'])} on GPU {d.index}"
+                                + ("" if p.get("in_this_pid_namespace", True) else " (host PID)") for d, p in held]},
+        fix=fix, layer=LAYER_VISIBILITY)]
 
 
 def driver_too_old(view: FactsView) -> list[Finding]:

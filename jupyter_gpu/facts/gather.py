@@ -97,6 +97,14 @@ def torch_probe_decision(snapshot: dict[str, Any]) -> tuple[bool, str]:
     return False, "no GPU, device node or driver on this machine: importing torch cannot find one"
 
 
+def mark_process_namespaces(ctx: ProbeContext, nvml: dict[str, Any] | None) -> None:
+    """Whether each GPU process's PID exists in our /proc: inside a container NVML reports *host* PIDs,
+    which can include this very kernel, and which `kill` cannot reach from here."""
+    for device in (nvml or {}).get("devices") or []:
+        for process in device.get("processes") or []:
+            process["in_this_pid_namespace"] = ctx.exists(f"/proc/{process['pid']}")
+
+
 def gather_facts(
     ctx: ProbeContext,
     *,
@@ -120,6 +128,7 @@ def gather_facts(
         "system": gather_system(ctx),
         "env": {name: ctx.env[name] for name in RELEVANT_ENV if name in ctx.env},
     }
+    mark_process_namespaces(ctx, snapshot["nvml"])
     snapshot["kernel"] = gather_kernel(ctx, snapshot["python"] or {})
     snapshot["in_kernel"] = gather_in_kernel(ctx.modules)
     wanted, reason = torch_probe_decision(snapshot)

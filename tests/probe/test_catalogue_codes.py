@@ -426,10 +426,20 @@ def test_exclusive_process_gpu_held_by_another_process(check_machine):
 
 def test_memory_held_by_another_process_is_a_warning(check_machine):
     crowded = dict(H100, processes=[{"pid": 4242, "used": 70 << 30}])
-    report = check_machine(Machine().nvidia_host(devices=[crowded]).cuda_torch())
+    machine = Machine(files={"/proc/4242/status": "Name:\tpython\n"}).nvidia_host(devices=[crowded]).cuda_torch()
+    report = check_machine(machine)
     assert report.status == "warn" and report.gpu_usable and report.exit_code == 0
     assert report.primary.code == "GPU_MEMORY_HELD_BY_OTHER_PROCESS"
     assert "kill 4242" in "\n".join(report.primary.fix)
+
+
+def test_memory_held_under_a_host_pid_in_a_container_is_not_killed_blindly(check_machine):
+    crowded = dict(H100, processes=[{"pid": 987654, "used": 70 << 30}])
+    report = check_machine(Machine(files={"/.dockerenv": ""}).nvidia_host(devices=[crowded]).cuda_torch())
+    finding = report.primary
+    assert finding.code == "GPU_MEMORY_HELD_BY_OTHER_PROCESS"
+    assert "kill" not in "\n".join(finding.fix) and "host PIDs" in "\n".join(finding.fix)
+    assert "(host PID)" in str(finding.evidence)
 
 
 def test_cudnn_missing_from_cuda_build(check_machine):
