@@ -8,7 +8,6 @@ from typing import Any
 
 from jupyter_gpu.report import GpuCheckReport
 
-MARK = {"fail": "✗", "warn": "!", "info": "i"}
 STATUS_MARK = {"ok": "✓", "warn": "!", "fail": "✗"}
 COLOUR = {"fail": "#c62828", "warn": "#b26a00", "info": "#1565c0", "ok": "#2e7d32"}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 from jupyter_gpu.diagnose.fixes import RESTART, pip_fix_lines
@@ -251,10 +250,6 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
         f"This machine has an AMD GPU, but torch {view.torch_version} is a CUDA (NVIDIA) build.",
         evidence={"pci_gpus": [g["address"] for g in view.amd_pci], "torch.version.cuda": view.torch_cuda},
         fix=pip_fix_lines(view), layer=LAYER_HOST)]
-
-
-def _is_node(path: str) -> bool:
-    return os.path.basename(path).startswith("nvidia")
 
 
 RULES = (no_gpu, driver_not_loaded, driver_library_mismatch, uvm_missing, permission_denied, fabric_manager,
