@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from jupyter_gpu.facts.errors import describe_error
+
 
 def gather_in_kernel(modules: Mapping[str, object]) -> dict[str, Any]:
     """The torch module this process imported, and its CUDA state only if CUDA is already up.
@@ -33,5 +35,5 @@ def gather_in_kernel(modules: Mapping[str, object]) -> dict[str, Any]:
                                "uuid": str(getattr(cuda.get_device_properties(i), "uuid", "") or "") or None}
                               for i in range(count)]
         except (AttributeError, RuntimeError) as exc:
-            out["cuda_error"] = f"{type(exc).__name__}: {exc}"
+            out["cuda_error"] = describe_error(exc)
     return out

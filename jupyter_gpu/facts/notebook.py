@@ -49,8 +49,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from jupyter_gpu.facts.errors import describe_error, error_message, qualified_name
+
 MIB = 1024 * 1024
-MAX_MESSAGE_CHARS = 4000
 MAX_CHAIN = 10
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
@@ -86,7 +87,7 @@ def gather_notebook_facts(
         try:
             entry = _read_object(types, name, value, explicit=name in explicit)
         except Exception as exc:  # a user object's property may raise anything; report it, keep auditing
-            facts["unreadable"].append({"name": name, "error": _one_line(exc)})
+            facts["unreadable"].append({"name": name, "error": describe_error(exc)})
             continue
         if entry is not None:
             facts["objects"].append(entry)
@@ -164,16 +165,12 @@ def _read_object(types: dict[str, Any], name: str, value: object, *, explicit: b
         return _dataloader(name, value)
     if isa("grad_scaler"):
         enabled = bool(value.is_enabled())  # type: ignore[attr-defined]
-        return {"kind": "grad_scaler", "name": name, "class": _qualname(type(value)), "enabled": enabled}
+        return {"kind": "grad_scaler", "name": name, "class": qualified_name(type(value)), "enabled": enabled}
     return None
 
 
 def _dtype(dtype: Any) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _qualname(cls: type) -> str:
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _module(name: str, module: Any, types: dict[str, Any]) -> dict:
@@ -267,17 +264,6 @@ def _mark_submodules(objects: list[dict], values: dict[str, object]) -> None:
                 break
 
 
-def _message(exc: BaseException) -> str:
-    try:
-        return str(exc)[:MAX_MESSAGE_CHARS]
-    except Exception as inner:  # a broken __str__ must not hide the exception itself
-        return f"<str() raised {type(inner).__name__}>"
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{_qualname(type(exc))}: {_message(exc)}"
-
-
 def _chain(exc: BaseException) -> Iterable[BaseException]:
     seen = {id(exc)}
     link = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
@@ -289,7 +275,7 @@ def _chain(exc: BaseException) -> Iterable[BaseException]:
 
 def _exception_facts(exc: BaseException) -> dict:
     return {
-        "type": _qualname(type(exc)),
-        "message": _message(exc),
-        "chain": [_one_line(link) for link in _chain(exc)],
+        "type": qualified_name(type(exc)),
+        "message": error_message(exc),
+        "chain": [describe_error(link) for link in _chain(exc)],
     }

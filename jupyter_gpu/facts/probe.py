@@ -10,6 +10,7 @@ from importlib import resources
 from typing import Any
 
 from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.errors import describe_error
 
 MARKER = "@@JUPYTER_GPU_PROBE@@"
 BASE_SECTIONS = ("python", "install", "nvml")
@@ -30,7 +31,7 @@ def run_probe(ctx: ProbeContext, sections: tuple[str, ...]) -> dict[str, Any]:
         return {"run": {"ok": False, "timed_out": True, "timeout_s": ctx.probe_timeout_s,
                         "stderr_tail": _tail(exc.stderr), "wall_s": round(time.monotonic() - started, 3)}}
     except OSError as exc:  # the interpreter itself is missing or not executable
-        return {"run": {"ok": False, "error": f"{type(exc).__name__}: {exc}", "python": ctx.python}}
+        return {"run": {"ok": False, "error": describe_error(exc), "python": ctx.python}}
     run: dict[str, Any] = {"ok": False, "returncode": done.returncode,
                            "wall_s": round(time.monotonic() - started, 3)}
     if done.returncode < 0:
