@@ -7,6 +7,7 @@ from typing import Any
 
 from jupyter_gpu.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines
 from jupyter_gpu.diagnose.view import FactsView
+from jupyter_gpu.facts.kernel import prefix_of_interpreter
 from jupyter_gpu.models import LAYER_BUILD, LAYER_KERNEL, Finding
 
 REFS_KERNEL = ["jupyter/notebook#4629", "jupyter/jupyter#270"]
@@ -35,8 +36,9 @@ def other_environments_with_torch(view: FactsView) -> list[dict[str, Any]]:
             found.append({"where": label, "prefix": other["prefix"], "torch": other["torch"]})
     for spec in view.kernel.get("kernelspecs") or []:
         python = spec.get("python") or ""
-        if spec.get("torch") and os.path.normpath(os.path.dirname(os.path.dirname(python))) != own_prefix:
-            found.append({"where": f"kernel '{spec['name']}'", "prefix": os.path.dirname(os.path.dirname(python)),
+        spec_prefix = prefix_of_interpreter(python)
+        if spec.get("torch") and os.path.normpath(spec_prefix) != own_prefix:
+            found.append({"where": f"kernel '{spec['name']}'", "prefix": spec_prefix,
                           "torch": spec["torch"], "kernelspec": spec["name"],
                           "display_name": spec.get("display_name")})
     return found
@@ -52,7 +54,7 @@ def env_mismatch_signals(view: FactsView) -> dict[str, str]:
     if conda and os.path.normpath(conda) not in (prefix, os.path.normpath(view.python.get("base_prefix") or "")):
         signals["CONDA_PREFIX"] = conda
     which_python = view.kernel.get("which_python")
-    if which_python and os.path.normpath(os.path.dirname(os.path.dirname(which_python))) != prefix:
+    if which_python and os.path.normpath(prefix_of_interpreter(which_python)) != prefix:
         signals["python on PATH"] = which_python
     return signals
 
