@@ -494,3 +494,27 @@ def test_cuda_visible_devices_with_an_unknown_uuid_hides_every_gpu(check_machine
         devices=[], device_count=0)
     report = check_machine(machine)
     assert report.primary.code == "CUDA_VISIBLE_DEVICES_HIDES_GPUS"
+
+
+@pytest.mark.parametrize(("machine_arch", "mps", "code", "usable"), [
+    ("arm64", True, "MAC_USE_MPS", True),
+    ("x86_64", False, "MAC_ROSETTA_PYTHON", False),
+    ("arm64", False, "MAC_OS_TOO_OLD", False),
+])
+def test_macos_snapshots(lay_out, machine_arch, mps, code, usable):
+    """A Mac cannot be laid out under a Linux root (the platform comes from the running host), so these are
+    snapshots as a Mac would save them: gathered for real with the stub torch, then stamped with macOS."""
+    from jupyter_gpu.diagnose.engine import diagnose
+    from jupyter_gpu.facts.gather import gather_facts
+
+    machine = Machine().cpu_torch("2.11.0")
+    machine.torch["mps"] = mps
+    snapshot = gather_facts(lay_out(machine), force_torch_probe=True)
+    snapshot["system"]["platform"] = {"system": "Darwin", "machine": machine_arch, "release": "23.6.0"}
+    snapshot["torch"]["mps"] = {"built": True, "available": mps}
+    report = diagnose(snapshot)
+    assert code in report.codes and report.gpu_usable is usable
+    if usable:
+        assert report.verdict == "PyTorch can use 1x Apple GPU (mps)" and report.exit_code == 0
+    else:
+        assert report.primary.code == code
