@@ -518,3 +518,41 @@ def test_macos_snapshots(lay_out, machine_arch, mps, code, usable):
         assert report.verdict == "PyTorch can use 1x Apple GPU (mps)" and report.exit_code == 0
     else:
         assert report.primary.code == code
+
+
+def test_stale_import_after_reinstall(lay_out):
+    """This process really imported torch 2.13.0+cpu; the disk now holds another build, as after %pip install."""
+    import sys
+
+    import torch
+
+    from jupyter_gpu.diagnose.engine import diagnose
+    from jupyter_gpu.facts.gather import gather_facts
+
+    ctx = lay_out(Machine().nvidia_host(cuda=13000).cuda_torch("2.13.0+cu130", "13.0"), modules=sys.modules)
+    report = diagnose(gather_facts(ctx))
+    assert report.primary.code == "STALE_TORCH_IMPORT"
+    assert report.primary.evidence["imported_version"] == torch.__version__
+    assert report.primary.evidence["installed_version"] == "2.13.0+cu130"
+    assert "Restart Kernel" in report.primary.fix[0]
+
+
+def test_cuda_visible_devices_changed_after_cuda_started(lay_out):
+    """The kernel's torch initialised CUDA with both GPUs; the variable now names one (a CUDA-initialised
+    torch is what this machine lacks, so the in-kernel module is a plain stand-in object)."""
+    import types
+
+    from jupyter_gpu.diagnose.engine import diagnose
+    from jupyter_gpu.facts.gather import gather_facts
+
+    second = dict(H100, uuid="GPU-second")
+    machine = Machine(env={"CUDA_VISIBLE_DEVICES": "0"}).nvidia_host(devices=[dict(H100), second])
+    machine.cuda_torch(devices=[{"name": H100["name"], "capability": [9, 0], "memory_total": 1}])
+    props = types.SimpleNamespace(uuid=None)
+    cuda = types.SimpleNamespace(is_initialized=lambda: True, device_count=lambda: 2,
+                                 get_device_name=lambda i: H100["name"], get_device_properties=lambda i: props)
+    kernel_torch = types.SimpleNamespace(__version__="2.9.1+cu128", __file__=None, cuda=cuda)
+    report = diagnose(gather_facts(lay_out(machine, modules={"torch": kernel_torch})))
+    finding = next(f for f in report.findings if f.code == "CUDA_VISIBLE_DEVICES_CHANGED_AFTER_INIT")
+    assert finding.evidence["kernel_device_count"] == 2 and finding.evidence["selected_now"] == 1
+    assert "before `import torch`" in finding.fix[0]
