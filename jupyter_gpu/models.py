@@ -57,6 +57,15 @@ def order_findings(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.layer))
 
 
+def primary_finding(findings: list[Finding]) -> Finding | None:
+    """The finding that explains the verdict (§7): the first fail in catalogue order, else the first warn."""
+    for severity in ("fail", "warn"):
+        for finding in findings:
+            if finding.severity == severity:
+                return finding
+    return None
+
+
 def overall_status(findings: list[Finding]) -> Status:
     severities = {f.severity for f in findings}
     if "fail" in severities:

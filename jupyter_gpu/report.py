@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.models import Device, Finding, Status
+from jupyter_gpu.models import Device, Finding, Status, primary_finding
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -27,11 +27,7 @@ class GpuCheckReport:
     @property
     def primary(self) -> Finding | None:
         """The finding that explains the verdict: the first fail, else the first warn."""
-        for severity in ("fail", "warn"):
-            for finding in self.findings:
-                if finding.severity == severity:
-                    return finding
-        return None
+        return primary_finding(self.findings)
 
     @property
     def codes(self) -> list[str]:

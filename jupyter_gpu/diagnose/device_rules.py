@@ -143,11 +143,11 @@ def memory_held_by_others(view: FactsView) -> list[Finding]:
     if foreign:
         fix.append(f"PID {', '.join(foreign)} is not visible from here (NVML reports host PIDs in a container); "
                    "find it on the host with: nvidia-smi --query-compute-apps=pid,used_memory --format=csv")
-    headline = (f"Other processes hold {_gib(sum(p['used_memory'] for _, p in held))} of GPU memory "
-                "(a forgotten notebook kernel or DataLoader workers?).")
+    total = _gib(sum(p["used_memory"] for _, p in held))
+    headline = f"Other processes hold {total} of GPU memory (a forgotten notebook kernel or DataLoader workers?)."
     if foreign and view.in_kernel.get("cuda_initialized"):
-        headline = (f"Processes hold {_gib(sum(p['used_memory'] for _, p in held))} of GPU memory; NVML shows "
-                    "host PIDs here, so this kernel may be one of them.")
+        headline = (f"Processes hold {total} of GPU memory; NVML shows host PIDs here, "
+                    "so this kernel may be one of them.")
     return [Finding(
         "GPU_MEMORY_HELD_BY_OTHER_PROCESS", "warn", headline,
         evidence={"processes": [f"pid {p['pid']} holds {_gib(p['used_memory'])} on GPU {d.index}"

@@ -7,7 +7,7 @@ from typing import Any
 from jupyter_gpu.diagnose import device_rules, host_rules, install_rules
 from jupyter_gpu.diagnose.usage import last_error_findings, usage_findings
 from jupyter_gpu.diagnose.view import FactsView
-from jupyter_gpu.models import Device, Finding, order_findings, overall_status
+from jupyter_gpu.models import Device, Finding, order_findings, overall_status, primary_finding
 from jupyter_gpu.report import GpuCheckReport
 
 
@@ -53,11 +53,9 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
         cpu_count=view.platform.get("cpu_count"),
     ))
     findings = _dedupe(order_findings(findings))
-    primary = next((f for f in findings if f.severity == "fail"), None) or next(
-        (f for f in findings if f.severity == "warn"), None)
     return GpuCheckReport(
         status=overall_status(findings),
-        verdict=verdict_line(devices, primary if not devices else None),
+        verdict=verdict_line(devices, None if devices else primary_finding(findings)),
         gpu_usable=bool(devices),
         devices=devices,
         findings=findings,

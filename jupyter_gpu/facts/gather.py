@@ -66,12 +66,13 @@ def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
     """Signs that a GPU may be reachable; without any, importing torch cannot change the verdict."""
     system = snapshot["system"]
     nvml = snapshot.get("nvml") or {}
-    version = ((snapshot.get("install") or {}).get("build") or {}).get("version") or ""
+    build = (snapshot.get("install") or {}).get("build") or {}
+    xpu_build = "+xpu" in (build.get("version") or "")
     # Nearly every laptop has an Intel GPU: it only counts for an XPU build of torch.
     signs = [f"PCI {g['vendor']} GPU at {g['address']}" for g in system["pci_gpus"]
-             if g["vendor"] != "intel" or "+xpu" in version]
+             if g["vendor"] != "intel" or xpu_build]
     # Render nodes exist on most Intel laptops: they only count for ROCm and XPU builds of torch.
-    accelerated = ((snapshot.get("install") or {}).get("build") or {}).get("hip") or "+xpu" in version
+    accelerated = bool(build.get("hip")) or xpu_build
     signs += [n["path"] for n in system["device_nodes"] if accelerated or not n["path"].startswith("/dev/dri/")]
     if system["driver"]["proc_version_text"]:
         signs.append("/proc/driver/nvidia/version")
@@ -83,8 +84,8 @@ def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
 
 
 def torch_probe_decision(snapshot: dict[str, Any]) -> tuple[bool, str]:
-    install = snapshot.get("install") or {}
-    if snapshot.get("install") is None:
+    install = snapshot.get("install")
+    if install is None:
         return False, "the kernel's interpreter could not be inspected (see probe.base)"
     if not install.get("spec_origin"):
         return False, "torch is not importable, so there is nothing to import"
