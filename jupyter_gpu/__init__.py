@@ -9,23 +9,29 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["GpuCheckReport", "GpuUnavailableError", "__version__", "require_gpu"]
+__all__ = ["Comparison", "GpuCheckReport", "GpuTimeResult", "GpuUnavailableError", "__version__", "compare",
+           "require_gpu"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from jupyter_gpu.magics import GpuCheckMagics
+    from jupyter_gpu.magics import magic_classes
 
-    ipython.register_magics(GpuCheckMagics)
+    for magics in magic_classes():
+        ipython.register_magics(magics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from jupyter_gpu.magics import MAGIC_NAMES
+    from jupyter_gpu.magics import MAGIC_NAMES, magic_classes
 
     registry = ipython.magics_manager.magics
     for kind, names in MAGIC_NAMES.items():
         for name in names:
             registry[kind].pop(name, None)
-    ipython.magics_manager.registry.pop("GpuCheckMagics", None)
+    for magics in magic_classes():
+        instance = ipython.magics_manager.registry.pop(magics.__name__, None)
+        close = getattr(instance, "close", None)
+        if close is not None:
+            close()
 
 
 def __getattr__(name: str) -> Any:
@@ -34,6 +40,14 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu import gate
 
         return getattr(gate, name)
+    if name in ("compare", "Comparison"):
+        from jupyter_gpu.timing import compare
+
+        return getattr(compare, name)
+    if name == "GpuTimeResult":
+        from jupyter_gpu.timing.result import GpuTimeResult
+
+        return GpuTimeResult
     if name == "GpuCheckReport":
         from jupyter_gpu.report import GpuCheckReport
 

@@ -72,4 +72,11 @@ class GpuCheckMagics(Magics):
         return report if options.return_result else None
 
 
-MAGIC_NAMES = {"line": ["gpucheck"], "cell": []}
+# What `%load_ext jupyter_gpu` registers and `%unload_ext` removes: only magics that exist.
+MAGIC_NAMES = {"line": ["gpucheck", "gputime"], "cell": ["gputime"]}
+
+
+def magic_classes() -> list[type[Magics]]:
+    from jupyter_gpu.gputime_magic import GpuTimeMagics
+
+    return [GpuCheckMagics, GpuTimeMagics]

@@ -6,8 +6,9 @@ build, serialise and render the same objects.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 Severity = Literal["fail", "warn", "info"]
 Status = Literal["ok", "warn", "fail"]
@@ -50,6 +51,32 @@ class Finding:
             refs=list(data.get("refs", [])),
             layer=int(data.get("layer", LAYER_USAGE)),
         )
+
+
+class RichResult:
+    """Text for terminals, escaped HTML for notebooks, both from one renderer module named by the class.
+
+    The renderer is imported on first display, so building and serialising results stays import-light.
+    """
+
+    renderer: ClassVar[str]  # module with render_text(result) and render_html(result)
+
+    def __str__(self) -> str:
+        return str(importlib.import_module(self.renderer).render_text(self))
+
+    def _repr_html_(self) -> str:
+        return str(importlib.import_module(self.renderer).render_html(self))
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def summary(self) -> str:
+        """One line: the headline of the text rendering unless a result knows a better one."""
+        return str(self).splitlines()[0]
+
+    def __repr__(self) -> str:
+        # Like `<TimeitResult : 1.2 ms ± ...>`: short enough for a list or a log line.
+        return f"<{type(self).__name__}: {self.summary()}>"
 
 
 def order_findings(findings: list[Finding]) -> list[Finding]:

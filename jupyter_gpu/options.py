@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import NoReturn
 
 
@@ -47,3 +48,85 @@ def validate(options: argparse.Namespace) -> None:
         raise OptionsError("--facts replays a saved snapshot, so --root cannot apply to it.")
     if options.timeout is not None and options.timeout <= 0:
         raise OptionsError("--timeout must be a positive number of seconds.")
+
+
+GPUTIME_VALUE_FLAGS = frozenset({"-n", "-r", "-w", "--budget", "-l", "--label"})
+
+
+def gputime_parser(prog: str = "%gputime") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False, description="Time a cell's GPU work correctly.")
+    parser.add_argument("-n", dest="loops", type=_whole_number("-n", 1), help="runs per repeat")
+    parser.add_argument("-r", dest="repeat", type=_whole_number("-r", 1), help="repeats")
+    parser.add_argument("-w", dest="warmup", type=_whole_number("-w", 0), default=0, help="warm-up runs, not counted")
+    parser.add_argument("--auto", action="store_true", help="choose the number of runs from --budget")
+    parser.add_argument("--budget", type=_positive_float("--budget"), default=None, metavar="SECONDS",
+                        help="time to spend on timed runs with --auto (default 2)")
+    parser.add_argument("--no-ops", dest="count_ops", action="store_false", help="do not count operators")
+    parser.add_argument("-l", "--label", help="name of the result in compare()")
+    parser.add_argument("-o", dest="return_result", action="store_true", help="return the GpuTimeResult")
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    return parser
+
+
+def validate_gputime(options: argparse.Namespace) -> None:
+    if options.auto and options.loops is not None:
+        raise OptionsError("--auto chooses the number of runs itself, so it cannot be combined with -n.")
+    if options.budget is not None and not options.auto:
+        raise OptionsError("--budget sets the time --auto may spend; add --auto or use -n/-r instead.")
+
+
+def split_magic_line(line: str, value_flags: frozenset[str]) -> tuple[list[str], str]:
+    """Split `-n 10 -r 3 x @ y` into the option tokens and the statement text, kept verbatim.
+
+    Options come first; the statement starts at the first token that is neither an option nor an
+    option's value (or after `--`). The statement is not shell-split, so `a - b` or quotes survive.
+    """
+    tokens: list[str] = []
+    position = 0
+    expecting_value = False
+    while True:
+        rest = line[position:]
+        stripped = rest.lstrip()
+        if not stripped:
+            return tokens, ""
+        start = position + len(rest) - len(stripped)
+        end = start
+        while end < len(line) and not line[end].isspace():
+            end += 1
+        token = line[start:end]
+        if expecting_value:
+            tokens.append(token)
+            expecting_value = False
+        elif token == "--":
+            return tokens, line[end:].strip()
+        elif token.startswith("-") and len(token) > 1 and not (token[1].isdigit() or token[1] in ".("):
+            tokens.append(token)
+            flag = token.split("=", 1)[0]
+            expecting_value = flag in value_flags and "=" not in token  # `-n10` carries its own value
+        else:
+            return tokens, line[start:].strip()
+        position = end
+
+
+def _whole_number(flag: str, minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} needs a whole number, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{flag} must be at least {minimum}, not {value}")
+        return value
+    return parse
+
+
+def _positive_float(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} needs a number of seconds, not {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive number of seconds, not {text}")
+        return value
+    return parse

@@ -6,6 +6,7 @@ import json
 from html import escape
 from typing import Any
 
+from jupyter_gpu.models import Finding
 from jupyter_gpu.report import GpuCheckReport
 
 STATUS_MARK = {"ok": "✓", "warn": "!", "fail": "✗"}
@@ -32,15 +33,7 @@ def render_text(report: GpuCheckReport) -> str:
     lines = [f"{STATUS_MARK[report.status]} {report.verdict}"]
     if _simulated(report):
         lines[0] += "   [simulated]"
-    shown = report.findings
-    for number, finding in enumerate(shown, 1):
-        lines.append("")
-        lines.append(f"{number}. [{finding.severity}] {finding.code}: {finding.headline}")
-        for key, value in _evidence_items(finding.evidence):
-            lines.append(f"     {key}: {value}")
-        if finding.fix:
-            lines.append("   Fix:")
-            lines.extend(f"     {step}" for step in finding.fix)
+    lines.extend(findings_text(report.findings))
     if report.verbose:
         lines.append("")
         lines.append("Facts:")
@@ -56,10 +49,34 @@ def render_html(report: GpuCheckReport) -> str:
         f'<div style="font-weight:600;color:{colour};font-size:1.05em">'
         f"{STATUS_MARK[report.status]} {escape(report.verdict)}{simulated}</div>",
     ]
-    shown = report.findings
-    if shown:
-        parts.append('<ol style="margin:.4em 0 0 1.2em;padding:0">')
-    for finding in shown:
+    parts.append(findings_html(report.findings))
+    if report.verbose:
+        facts = json.dumps(report.facts, indent=2, sort_keys=True, default=str)
+        parts.append(f"<details><summary>Facts</summary><pre>{escape(facts)}</pre></details>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def findings_text(findings: list[Finding]) -> list[str]:
+    """Numbered findings with evidence and fix, as text lines (each finding preceded by a blank line)."""
+    lines: list[str] = []
+    for number, finding in enumerate(findings, 1):
+        lines.append("")
+        lines.append(f"{number}. [{finding.severity}] {finding.code}: {finding.headline}")
+        for key, value in _evidence_items(finding.evidence):
+            lines.append(f"     {key}: {value}")
+        if finding.fix:
+            lines.append("   Fix:")
+            lines.extend(f"     {step}" for step in finding.fix)
+    return lines
+
+
+def findings_html(findings: list[Finding]) -> str:
+    """The same findings as an escaped HTML list."""
+    if not findings:
+        return ""
+    parts = ['<ol style="margin:.4em 0 0 1.2em;padding:0">']
+    for finding in findings:
         parts.append(
             f'<li style="margin:.35em 0"><span style="color:{COLOUR[finding.severity]};font-weight:600">'
             f"[{escape(finding.severity)}] {escape(finding.code)}</span>: {escape(finding.headline)}"
@@ -77,10 +94,5 @@ def render_html(report: GpuCheckReport) -> str:
             parts.append(f'<div style="font-size:.9em">Fix:</div><pre style="margin:.1em 0;padding:.4em;'
                          f'background:var(--jp-layout-color2,#f5f5f5)">{escape(fix)}</pre>')
         parts.append("</li>")
-    if shown:
-        parts.append("</ol>")
-    if report.verbose:
-        facts = json.dumps(report.facts, indent=2, sort_keys=True, default=str)
-        parts.append(f"<details><summary>Facts</summary><pre>{escape(facts)}</pre></details>")
-    parts.append("</div>")
+    parts.append("</ol>")
     return "".join(parts)

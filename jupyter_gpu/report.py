@@ -7,15 +7,17 @@ Follows IPython's `TimeitResult`: plain data, `__str__` for terminals, `_repr_ht
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from jupyter_gpu.models import Device, Finding, Status, primary_finding
+from jupyter_gpu.models import Device, Finding, RichResult, Status, primary_finding
 
 REPORT_SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class GpuCheckReport:
+@dataclass(frozen=True, repr=False)  # RichResult's repr: a summary line, not every field
+class GpuCheckReport(RichResult):
+    renderer: ClassVar[str] = "jupyter_gpu.render"
+
     status: Status
     verdict: str
     gpu_usable: bool
@@ -51,16 +53,3 @@ class GpuCheckReport:
         if include_facts:
             data["facts"] = self.facts
         return data
-
-    def __str__(self) -> str:
-        from jupyter_gpu.render import render_text
-
-        return render_text(self)
-
-    def _repr_html_(self) -> str:
-        from jupyter_gpu.render import render_html
-
-        return render_html(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))

@@ -1,0 +1,134 @@
+"""One timestamped reading of every GPU: the `Sample` that the sampler, the widget and the server share.
+
+Pure Python: no torch, NVML or IPython imports, so the TypeScript panel, the server API and the tests all
+see the same JSON. A value the GPU did not report is `None`, never 0: a fake 0 % looks like an idle GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+SAMPLE_STATUSES = ("ok", "no_driver", "error")
+DEVICE_STATUSES = ("ok", "lost", "error")
+
+# NVML's clocks-event (formerly "clocks throttle") reason bits, named as NVML names them.
+THROTTLE_REASON_BITS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+    # Newer drivers report these two through the throttle-reasons call; they cap clocks by design.
+    0x200: "board_limit",
+    0x400: "reliability",
+}
+
+# The reasons that cost the user speed. gpu_idle, app clocks, sync boost and display clocks are normal states.
+PERFORMANCE_THROTTLES: frozenset[str] = frozenset(
+    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+
+
+def throttle_reason_names(mask: int) -> tuple[str, ...]:
+    """The names of the bits set in an NVML clocks-event mask, lowest bit first.
+
+    A bit this table does not know yet is kept as `unknown_0x...` rather than dropped, so a newer driver's
+    reason still shows up.
+    """
+    if mask < 0:
+        raise ValueError(f"A clocks-event mask cannot be negative, got {mask}.")
+    names = []
+    bit = 1
+    while bit <= mask:
+        if mask & bit:
+            names.append(THROTTLE_REASON_BITS.get(bit, f"unknown_{bit:#x}"))
+        bit <<= 1
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """What one GPU reported at one moment."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    status: str = "ok"
+    error: str | None = None
+    utilization_gpu: float | None = None
+    utilization_memory: float | None = None
+    memory_used: int | None = None
+    memory_total: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: float | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in DEVICE_STATUSES:
+            raise ValueError(f"Device status must be one of {', '.join(DEVICE_STATUSES)}, got {self.status!r}.")
+
+    @property
+    def throttled(self) -> bool:
+        return any(reason in PERFORMANCE_THROTTLES for reason in self.throttle_reasons or ())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.throttle_reasons is not None:
+            data["throttle_reasons"] = list(self.throttle_reasons)
+        # Derived, but sent so the TypeScript panel does not keep its own copy of PERFORMANCE_THROTTLES.
+        data["throttled"] = self.throttled
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceSample:
+        # Unknown keys (e.g. "throttled", or fields a newer version adds) are ignored.
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        reasons = values.get("throttle_reasons")
+        if reasons is not None:
+            values["throttle_reasons"] = tuple(reasons)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of every device from one backend, or the reason there is none."""
+
+    timestamp: float
+    backend: str
+    simulated: bool
+    status: str = "ok"
+    message: str | None = None
+    devices: tuple[DeviceSample, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.status not in SAMPLE_STATUSES:
+            raise ValueError(f"Sample status must be one of {', '.join(SAMPLE_STATUSES)}, got {self.status!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "timestamp": self.timestamp,
+            "backend": self.backend,
+            "simulated": self.simulated,
+            "status": self.status,
+            "message": self.message,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Sample:
+        return cls(
+            timestamp=float(data["timestamp"]),
+            backend=data["backend"],
+            simulated=bool(data["simulated"]),
+            status=data.get("status", "ok"),
+            message=data.get("message"),
+            devices=tuple(DeviceSample.from_dict(d) for d in data.get("devices", ())),
+        )

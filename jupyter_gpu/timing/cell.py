@@ -1,0 +1,61 @@
+"""Compile a cell once into the code objects `%%gputime` runs, with tracebacks that show the cell's lines."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any
+
+# Names the loop uses in the user's namespace while it runs (LOOP_COUNT holds a range); removed afterwards.
+LOOP_COUNT = "__jupyter_gpu_loops__"
+LOOP_INDEX = "__jupyter_gpu_index__"
+
+
+@dataclass(frozen=True)
+class CompiledCell:
+    body: CodeType                 # every statement but a final expression, run once
+    last_expression: CodeType | None  # the final expression, evaluated for its value (like %%time)
+    loop: CodeType                 # the whole cell inside `for LOOP_INDEX in LOOP_COUNT:`, at module level
+    filename: str
+
+    def code_objects(self) -> set[CodeType]:
+        found = {self.body, self.loop}
+        if self.last_expression is not None:
+            found.add(self.last_expression)
+        return found
+
+
+def compile_cell(shell: Any, source: str) -> CompiledCell:
+    """Compile as IPython would run the cell: its input transformers, AST transformers and flags.
+
+    The source is registered in IPython's line cache under the cell's execution count, so a traceback
+    points at "Cell In[12], line 3" with the line shown. The loop form runs at module level, so every
+    assignment lands in the user's namespace exactly as a plain cell's would.
+    """
+    transformed = shell.transform_cell(source)
+    filename = shell.compile.cache(transformed, shell.execution_count)
+    tree = shell.compile.ast_parse(transformed, filename=filename)
+    tree = shell.transform_ast(tree)
+    statements = list(tree.body)
+    if not statements:
+        statements = [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
+    last = statements[-1] if isinstance(statements[-1], ast.Expr) else None
+    body = ast.Module(body=statements[:-1] if last is not None else statements, type_ignores=[])
+    loop = ast.Module(body=[_loop_over(statements)], type_ignores=[])
+    return CompiledCell(
+        body=shell.compile(ast.fix_missing_locations(body), filename, "exec"),
+        last_expression=(shell.compile(ast.fix_missing_locations(ast.Expression(last.value)), filename, "eval")
+                         if last is not None else None),
+        loop=shell.compile(ast.fix_missing_locations(loop), filename, "exec"),
+        filename=filename,
+    )
+
+
+def _loop_over(statements: list[ast.stmt]) -> ast.For:
+    first = statements[0]
+    position = {"lineno": first.lineno, "col_offset": 0, "end_lineno": first.lineno, "end_col_offset": 0}
+    # The runner binds LOOP_COUNT to a `range` object, so a user's own `range` cannot interfere.
+    loops = ast.Name(id=LOOP_COUNT, ctx=ast.Load(), **position)
+    return ast.For(target=ast.Name(id=LOOP_INDEX, ctx=ast.Store(), **position), iter=loops, body=statements,
+                   orelse=[], **position)

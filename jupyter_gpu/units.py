@@ -1,0 +1,41 @@
+"""Human-readable durations, byte counts and counts, shared by every renderer."""
+
+from __future__ import annotations
+
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+_BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
+def format_seconds(seconds: float | None, digits: int = 3) -> str:
+    """`0.00123` -> `1.23 ms`: three significant digits, like `%timeit`."""
+    if seconds is None:
+        return "n/a"
+    if seconds >= 60:
+        minutes, rest = divmod(seconds, 60)
+        return f"{int(minutes)} min {rest:.{max(digits - 2, 0)}f} s"
+    magnitude = abs(seconds)
+    for scale, unit in _TIME_UNITS:
+        if magnitude >= scale:
+            return f"{_significant(seconds / scale, digits)} {unit}"
+    return f"{_significant(seconds / 1e-9, digits)} ns"
+
+
+def format_bytes(count: int | float | None) -> str:
+    if count is None:
+        return "n/a"
+    sign = "-" if count < 0 else ""
+    magnitude = abs(count)
+    for scale, unit in _BYTE_UNITS:
+        if magnitude >= scale:
+            return f"{sign}{magnitude / scale:.1f} {unit}"
+    return f"{sign}{int(magnitude)} B"
+
+
+def format_count(count: int) -> str:
+    return f"{count:,}"
+
+
+def _significant(value: float, digits: int) -> str:
+    # 123 -> "123", 12.3 -> "12.3", 1.23 -> "1.23": the same precision whatever the unit.
+    whole = len(str(int(abs(value)))) if abs(value) >= 1 else 1
+    return f"{value:.{max(digits - whole, 0)}f}"
