@@ -54,7 +54,7 @@ class GpuTimeMagics(Magics):
         request = TimingRequest(
             label=options.label or _label(source), loops=options.loops, repeat=options.repeat,
             warmup=options.warmup, auto=options.auto, budget=options.budget or 2.0, count_ops=options.count_ops)
-        compiled = compile_cell(self.shell, source)
+        compiled = compile_cell(self.shell, source, header=f"%%gputime {line}".rstrip() if cell is not None else None)
         timed = time_cell(self.shell.user_ns, compiled, request, self._backend())
         if options.return_result:
             # A cell magic's return value is the cell's Out: displaying it here too would show it twice.

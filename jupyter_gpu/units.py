@@ -10,14 +10,21 @@ def format_seconds(seconds: float | None, digits: int = 3) -> str:
     """`0.00123` -> `1.23 ms`: three significant digits, like `%timeit`."""
     if seconds is None:
         return "n/a"
-    if seconds >= 60:
-        minutes, rest = divmod(seconds, 60)
-        return f"{int(minutes)} min {rest:.{max(digits - 2, 0)}f} s"
+    if seconds == 0:
+        return "0 s"
+    if abs(seconds) >= 59.95:
+        minutes, rest = divmod(round(seconds, 1), 60)
+        return f"{int(minutes)} min {rest:.1f} s"
     magnitude = abs(seconds)
-    for scale, unit in _TIME_UNITS:
-        if magnitude >= scale:
-            return f"{_significant(seconds / scale, digits)} {unit}"
-    return f"{_significant(seconds / 1e-9, digits)} ns"
+    for index, (scale, unit) in enumerate(_TIME_UNITS):
+        if magnitude >= scale or index == len(_TIME_UNITS) - 1:
+            text = _significant(seconds / scale, digits)
+            # 0.9999 s rounds to "1000 ms": say "1.00 s" instead.
+            if index > 0 and abs(float(text)) >= 1000:
+                bigger_scale, bigger_unit = _TIME_UNITS[index - 1]
+                return f"{_significant(seconds / bigger_scale, digits)} {bigger_unit}"
+            return f"{text} {unit}"
+    raise AssertionError("unreachable: the last unit always matches")
 
 
 def format_bytes(count: int | float | None) -> str:

@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 [ -x "$PY" ] || { python3 -m venv .venv && $PY -m pip install -q -e '.[test]'; }
 nvidia-smi || true
-$PY -m pytest -p no:cacheprovider -o addopts="" -m gpu tests/gpu -v -s
+$PY -m pytest -p no:cacheprovider -o addopts="" -m gpu tests -v -s
 status=$?
 $PY -m jupyter_gpu check -v
 exit $status

@@ -26,16 +26,20 @@ class CompiledCell:
         return found
 
 
-def compile_cell(shell: Any, source: str) -> CompiledCell:
+def compile_cell(shell: Any, source: str, header: str | None = None) -> CompiledCell:
     """Compile as IPython would run the cell: its input transformers, AST transformers and flags.
 
     The source is registered in IPython's line cache under the cell's execution count, so a traceback
-    points at "Cell In[12], line 3" with the line shown. The loop form runs at module level, so every
-    assignment lands in the user's namespace exactly as a plain cell's would.
+    points at "Cell In[12], line 3" with the line shown. `header` is the `%%gputime ...` line above a
+    cell body: it is cached too, so line numbers match the notebook cell the user sees. The loop form
+    runs at module level, so every assignment lands in the user's namespace as a plain cell's would.
     """
     transformed = shell.transform_cell(source)
-    filename = shell.compile.cache(transformed, shell.execution_count)
+    shown = transformed if header is None else f"{header}\n{transformed}"
+    filename = shell.compile.cache(shown, shell.execution_count)
     tree = shell.compile.ast_parse(transformed, filename=filename)
+    if header is not None:
+        ast.increment_lineno(tree, 1)
     tree = shell.transform_ast(tree)
     statements = list(tree.body)
     if not statements:

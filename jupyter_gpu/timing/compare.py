@@ -17,7 +17,7 @@ class Comparison:
     """A table of results; `speedups[i]` is baseline median / result median (2.0 means twice as fast)."""
 
     results: list[GpuTimeResult]
-    labels: list[str]
+    labels: list[str] | None = None  # default: each result's own label
     baseline: int = 0
 
     def __post_init__(self) -> None:
@@ -27,6 +27,8 @@ class Comparison:
             if not isinstance(result, GpuTimeResult):
                 raise TypeError(f"compare() takes GpuTimeResult objects (from %%gputime -o), not "
                                 f"{type(result).__name__}.")
+        if self.labels is None:
+            object.__setattr__(self, "labels", [r.label for r in self.results])
         if len(self.labels) != len(self.results):
             raise ValueError(f"compare() got {len(self.labels)} labels for {len(self.results)} results.")
         if not 0 <= self.baseline < len(self.results):
@@ -35,16 +37,16 @@ class Comparison:
     @property
     def speedups(self) -> list[float | None]:
         base = self.results[self.baseline].median
-        return [base / r.median if r.median > 0 else None for r in self.results]
+        return [base / r.median if r.median > 0 and base > 0 else None for r in self.results]
 
     def rows(self) -> list[list[str]]:
         rows = []
-        for label, result, speedup in zip(self.labels, self.results, self.speedups, strict=True):
+        for index, (label, result, speedup) in enumerate(zip(self.labels, self.results, self.speedups, strict=True)):
             stats = result.stats
             gpu = result.gpu_median
             rows.append([label, format_seconds(stats.median), format_seconds(stats.minimum),
                          format_seconds(stats.iqr), str(stats.n), format_seconds(gpu) if gpu is not None else "-",
-                         "baseline" if result is self.results[self.baseline] else _speedup(speedup)])
+                         "baseline" if index == self.baseline else _speedup(speedup)])
         return rows
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,7 +77,7 @@ def compare(*results: GpuTimeResult, labels: list[str] | None = None, baseline: 
     Displays the table (rich in a notebook, text in a terminal). For the numbers in code, build a
     `Comparison(results, labels)` and read `.speedups`.
     """
-    table = Comparison(list(results), list(labels) if labels is not None else [r.label for r in results], baseline)
+    table = Comparison(list(results), list(labels) if labels is not None else None, baseline)
     try:
         from IPython import get_ipython
         from IPython.display import display
@@ -89,6 +91,6 @@ def compare(*results: GpuTimeResult, labels: list[str] | None = None, baseline: 
 
 
 def _speedup(ratio: float | None) -> str:
-    if ratio is None:
+    if ratio is None or ratio <= 0:
         return "-"
     return f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"

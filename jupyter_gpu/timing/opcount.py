@@ -25,8 +25,9 @@ from jupyter_gpu.timing.ops import (
 )
 from jupyter_gpu.timing.result import OpCounts
 
-TOP_OPS = 10
 _CALIBRATION_OPS = 400
+# Operators that mark profiler ranges (optimizers emit them every step): bookkeeping, not work.
+NOT_WORK_NAMESPACES = frozenset({"profiler"})
 _calibrated_cost: float | None = None
 
 
@@ -78,7 +79,7 @@ class OpCounter:
         self._live.clear()  # drop the weak references: their callbacks must not outlive the report
         return OpCounts(
             by_device=dict(self.by_device),
-            top_ops=self.ops.most_common(TOP_OPS),
+            by_name=dict(self.ops),
             copies=dict(self.copies),
             copy_bytes=dict(self.copy_bytes),
             syncs=dict(self.syncs),
@@ -91,6 +92,8 @@ class OpCounter:
 
     # Called by the dispatch mode for every operator.
     def record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if func.namespace in NOT_WORK_NAMESPACES:
+            return func(*args, **kwargs)
         name = func.overloadpacket.__name__
         inputs = _devices(self._tensor_type, args, kwargs)
         is_copy = name in COPY_OPS

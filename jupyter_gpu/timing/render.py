@@ -16,7 +16,8 @@ def summary_rows(result: GpuTimeResult) -> list[tuple[str, str]]:
         first = format_seconds(result.first_time)
         if result.first_gpu_time is not None:
             first += f" · GPU {format_seconds(result.first_gpu_time)}"
-        rows.append(("first run", f"{first} (compile, autotuning and warm-up show here, not in the median)"))
+        rows.append(("first run", f"{first} (one-time costs such as compilation, autotuning and warm-up land here, "
+                                  "not in the median)"))
     rows.append(("operations", _ops_line(result)))
     rows.extend((f"memory {m.device}",
                  f"peak {format_bytes(m.peak_allocated)} allocated, {format_bytes(m.peak_reserved)} reserved; "
@@ -65,7 +66,8 @@ def _time_line(result: GpuTimeResult) -> str:
     gpu = result.gpu_stats
     if result.repeated:
         text = (f"{format_seconds(stats.median)} median, min {format_seconds(stats.minimum)}, "
-                f"IQR {format_seconds(stats.iqr)}, n={stats.n} runs × {format_count(result.loops)} "
+                f"IQR {format_seconds(stats.iqr)}, n={stats.n} run{'s' if stats.n != 1 else ''} × "
+                f"{format_count(result.loops)} "
                 f"loop{'s' if result.loops != 1 else ''} (wall, synchronised)")
         if result.warmup:
             text += f"; {result.warmup} warm-up run{'s' if result.warmup != 1 else ''} not counted"

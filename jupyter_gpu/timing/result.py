@@ -15,7 +15,7 @@ class OpCounts:
     """What the counted run did, from PyTorch's dispatcher: operators per device type, copies, waits."""
 
     by_device: dict[str, int]
-    top_ops: list[tuple[str, int]]
+    by_name: dict[str, int]                                       # ATen operator -> count
     copies: dict[str, int] = field(default_factory=dict)          # direction -> count
     copy_bytes: dict[str, int] = field(default_factory=dict)      # direction -> bytes
     syncs: dict[str, int] = field(default_factory=dict)           # what the user called -> count
@@ -24,6 +24,11 @@ class OpCounts:
     cpu_peak_bytes: int = 0              # most of it alive at once
     cpu_bytes_held: int = 0              # still alive after the run (assigned to variables, or leaked)
     overhead_seconds: float | None = None  # what counting itself added to the counted run (measured)
+
+    @property
+    def top_ops(self) -> list[tuple[str, int]]:
+        """The ten most frequent operators, most frequent first."""
+        return sorted(self.by_name.items(), key=lambda item: (-item[1], item[0]))[:10]
 
     @property
     def total(self) -> int:
@@ -38,9 +43,7 @@ class OpCounts:
         return sum(self.syncs.values())
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["top_ops"] = [list(pair) for pair in self.top_ops]
-        return data
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,10 @@ def test_cli_verdict_on_a_real_gpu():
 
 def test_magic_never_initialises_cuda_in_the_kernel():
     import torch
+    from IPython.core.interactiveshell import InteractiveShell
     from IPython.testing.globalipapp import start_ipython
 
-    shell = start_ipython()
+    shell = start_ipython() or InteractiveShell.instance()
     shell.run_line_magic("load_ext", "jupyter_gpu")
     report = shell.run_line_magic("gpucheck", "-q -o")
     assert report.gpu_usable, str(report)

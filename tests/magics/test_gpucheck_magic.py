@@ -9,28 +9,7 @@ import torch
 from fake_machine import Machine, nvml_gpu
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
-
-
-@pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    shell = start_ipython()
-    # A notebook kernel asks for HTML too; the terminal test shell only formats text unless told.
-    if "text/html" not in shell.display_formatter.active_types:
-        shell.display_formatter.active_types.append("text/html")
-    shell.display_formatter.formatters["text/html"].enabled = True
-    return shell
-
-
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
-    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
-                                                                                   "get_ipython")]:
-        shell.user_ns.pop(name, None)
 
 
 def magics_instance(shell: InteractiveShell):

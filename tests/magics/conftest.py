@@ -1,0 +1,28 @@
+"""A real IPython shell with the extension loaded, as a notebook kernel would run it."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing.globalipapp import start_ipython
+
+
+@pytest.fixture(scope="module")
+def shell() -> InteractiveShell:
+    # start_ipython() makes the one global test shell, and returns None once it exists.
+    shell = start_ipython() or InteractiveShell.instance()
+    # A notebook kernel asks for HTML too; the terminal test shell only formats text unless told.
+    if "text/html" not in shell.display_formatter.active_types:
+        shell.display_formatter.active_types.append("text/html")
+    shell.display_formatter.formatters["text/html"].enabled = True
+    return shell
+
+
+@pytest.fixture
+def ip(shell: InteractiveShell):
+    shell.run_line_magic("load_ext", "jupyter_gpu")
+    yield shell
+    shell.run_line_magic("unload_ext", "jupyter_gpu")
+    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
+                                                                                   "get_ipython")]:
+        shell.user_ns.pop(name, None)
