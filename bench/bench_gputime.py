@@ -8,6 +8,7 @@ every tool alike:
    same thread count as the notebook (its default of one thread would time a different computation).
 2. Overhead: the per-run time of an empty statement, `%gputime -n 100000 -r 5 pass` against
    `%timeit -n 100000 -r 5 pass` (the cost of the loop itself, which is all an empty statement measures).
+3. Fixed cost: one `%gputime` call around a trivial statement against `%time`.
 
     .venv/bin/python bench/bench_gputime.py [--rounds N] [--size N]
 """
@@ -52,6 +53,27 @@ def overhead(shell, rounds: int) -> None:
           f"(+{(mine - reference) * 1e9:.1f} ns per run)")
 
 
+def fixed_cost(shell, rounds: int) -> None:
+    """What one call of the magic costs around the cell: backend read, counting set-up, display."""
+    import time
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    ours, theirs = [], []
+    for _ in range(rounds * 4):
+        started = time.perf_counter()
+        shell.run_line_magic("gputime", "-q x = 1")
+        ours.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        with redirect_stdout(StringIO()):
+            shell.run_line_magic("time", "x = 1")
+        theirs.append(time.perf_counter() - started)
+    mine, reference = statistics.median(ours), statistics.median(theirs)
+    print("One call around a trivial statement (the magic's fixed cost)")
+    print(f"  %gputime -q x = 1             median {mine * 1e6:9.1f} µs")
+    print(f"  %time x = 1                   median {reference * 1e6:9.1f} µs")
+
+
 def _spread(values: list[float], scale: float = 1e6, unit: str = "µs") -> str:
     return f"{min(values) * scale:.1f}-{max(values) * scale:.1f} {unit}"
 
@@ -65,6 +87,7 @@ def main() -> None:
     shell.run_line_magic("load_ext", "jupyter_gpu")
     accuracy(shell, args.rounds, args.size)
     overhead(shell, args.rounds)
+    fixed_cost(shell, args.rounds)
 
 
 if __name__ == "__main__":
