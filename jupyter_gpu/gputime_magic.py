@@ -55,7 +55,13 @@ class GpuTimeMagics(Magics):
             label=options.label or _label(source), loops=options.loops, repeat=options.repeat,
             warmup=options.warmup, auto=options.auto, budget=options.budget or 2.0, count_ops=options.count_ops)
         compiled = compile_cell(self.shell, source, header=f"%%gputime {line}".rstrip() if cell is not None else None)
-        timed = time_cell(self.shell.user_ns, compiled, request, self._backend())
+        progress = None if options.quiet else _ProgressLine()
+        timed = time_cell(self.shell.user_ns, compiled, request, self._backend(), progress=progress)
+        if timed.interrupted is not None:
+            # Show what the finished repeats measured, then stop as the user asked ("Run all" stops too).
+            if not options.quiet:
+                display(timed.result)
+            raise timed.interrupted
         if options.return_result:
             # A cell magic's return value is the cell's Out: displaying it here too would show it twice.
             if not options.quiet and cell is None:
@@ -96,6 +102,21 @@ class GpuTimeMagics(Magics):
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
+
+
+class _ProgressLine:
+    """One output line updated in place while long repeated timing runs, emptied when it ends."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    def __call__(self, text: str) -> None:
+        data = {"text/plain": text}
+        if self._handle is None:
+            if text:
+                self._handle = display(data, raw=True, display_id=True)
+        else:
+            self._handle.update(data, raw=True)
 
 
 def _label(source: str) -> str:

@@ -73,6 +73,8 @@ def _time_line(result: GpuTimeResult) -> str:
             text += f"; {result.warmup} warm-up run{'s' if result.warmup != 1 else ''} not counted"
         if gpu is not None:
             text += f"; GPU {format_seconds(gpu.median)} median (CUDA events)"
+        if result.context.get("interrupted"):
+            text += f"; {result.context['interrupted']}"
         return text
     text = f"{format_seconds(stats.median)} wall (1 run, synchronised)"
     if gpu is not None:

@@ -4,6 +4,8 @@ then synchronised, repeated timing; memory, NVML utilisation and advice gathered
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -18,8 +20,10 @@ from jupyter_gpu.timing.opcount import OpCounter, counting_overhead_per_op
 from jupyter_gpu.timing.ops import is_accelerator
 from jupyter_gpu.timing.result import GpuTimeResult, OpCounts
 from jupyter_gpu.timing.stats import summarize
+from jupyter_gpu.units import format_seconds
 
 DEFAULT_REPEAT = 7       # as `%timeit`
+PROGRESS_AFTER_SECONDS = 2.0  # quicker timings finish before a progress line would help
 AUTO_CALIBRATION_SHARE = 0.05  # calibrate --auto on about 5% of the budget
 AUTO_MAX_LOOPS = 10_000_000
 
@@ -43,12 +47,18 @@ class TimingRequest:
 class TimedCell:
     result: GpuTimeResult
     value: Any  # the value of the cell's last expression on its first run, shown like %%time shows it
+    interrupted: KeyboardInterrupt | None = None
 
 
 def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequest,
-              backend: Backend | None) -> TimedCell:
+              backend: Backend | None, progress: Callable[[str], None] | None = None) -> TimedCell:
     """Run and time the cell in `namespace`. An exception in the cell propagates with a traceback that
-    starts at the cell's own frame, after every watcher has been stopped."""
+    starts at the cell's own frame, after every watcher has been stopped.
+
+    `progress` receives a status line during long repeated timing (and "" when done). An interrupt
+    after at least one timed repeat keeps what was measured: it comes back in `TimedCell.interrupted`
+    for the caller to show the partial result before re-raising it, so "Run all" still stops.
+    """
     __tracebackhide__ = True  # read by IPython: the traceback shows the cell's lines, not ours
     torch_before = sys.modules.get("torch")
     cuda_before = cuda_initialized(torch_before)
@@ -66,17 +76,14 @@ def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequ
         first_wall, first_gpu = DeviceClock(torch_before).time(lambda: runner.first(counter))
         ops = counter.result(per_op_cost * sum(counter.ops.values())) if counter and per_op_cost is not None else None
         times, gpu_times, loops, repeat = [first_wall], [first_gpu], 1, 1
+        interrupted: KeyboardInterrupt | None = None
         if request.repeated:
             torch = sys.modules.get("torch")  # the cell may have imported it
             clock = DeviceClock(torch, extra_sync=_other_accelerators(ops))
             for _ in range(request.warmup):
                 clock.time(lambda: runner.loop(1))
             loops, repeat = _plan(request, clock, runner, first_wall)
-            times, gpu_times = [], []
-            for _ in range(repeat):
-                wall, gpu = clock.time(lambda: runner.loop(loops))
-                times.append(wall / loops)
-                gpu_times.append(gpu / loops if gpu is not None else None)
+            times, gpu_times, interrupted = _timed_repeats(clock, runner, loops, repeat, progress)
     except BaseException as error:
         # Re-raised as is (cause and context kept), only its traceback trimmed to the cell's frames.
         raise error.with_traceback(runner.cell_traceback(error.__traceback__))  # noqa: B904
@@ -101,9 +108,13 @@ def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequ
                  "backend": backend.name if backend is not None else None,
                  "simulated": bool(backend is not None and backend.simulated),
                  "gpu_available": availability.usable, "gpu_devices": availability.devices,
-                 "torch": getattr(torch, "__version__", None), "cuda_initialized_by_cell": cuda_by_cell},
+                 "torch": getattr(torch, "__version__", None), "cuda_initialized_by_cell": cuda_by_cell,
+                 "interrupted": (f"interrupted after {len(times)} of {repeat} repeats"
+                                 if interrupted is not None else None)},
     )
-    return TimedCell(result=result, value=runner.value)
+    if interrupted is not None:
+        interrupted = interrupted.with_traceback(runner.cell_traceback(interrupted.__traceback__))
+    return TimedCell(result=result, value=runner.value, interrupted=interrupted)
 
 
 class _Runs:
@@ -141,6 +152,34 @@ class _Runs:
         while start is not None and start.tb_frame.f_code not in codes:
             start = start.tb_next
         return start if start is not None else tb
+
+
+def _timed_repeats(clock: DeviceClock, runner: _Runs, loops: int, repeat: int,
+                   progress: Callable[[str], None] | None) -> tuple[list[float], list[float | None],
+                                                                   KeyboardInterrupt | None]:
+    times: list[float] = []
+    gpu_times: list[float | None] = []
+    started = time.perf_counter()
+    shown = False
+    try:
+        for done in range(1, repeat + 1):
+            wall, gpu = clock.time(lambda: runner.loop(loops))
+            times.append(wall / loops)
+            gpu_times.append(gpu / loops if gpu is not None else None)
+            elapsed = time.perf_counter() - started
+            if progress is not None and done < repeat and elapsed > PROGRESS_AFTER_SECONDS:
+                left = elapsed / done * (repeat - done)
+                progress(f"gputime: repeat {done}/{repeat} done, {format_seconds(elapsed)} elapsed, "
+                         f"about {format_seconds(left)} left")
+                shown = True
+    except KeyboardInterrupt as stop:
+        if not times:
+            raise
+        return times, gpu_times, stop
+    finally:
+        if shown and progress is not None:
+            progress("")
+    return times, gpu_times, None
 
 
 def _plan(request: TimingRequest, clock: DeviceClock, runner: _Runs, first_wall: float) -> tuple[int, int]:

@@ -298,3 +298,30 @@ def test_compare_shows_speedups(ip):
     assert text.splitlines()[2].startswith("slow") and text.splitlines()[3].startswith("fast")
     with pytest.raises(TypeError, match="GpuTimeResult"):
         jupyter_gpu.compare(slow, 3.0)
+
+
+def test_long_repeats_show_progress_then_clear_it(ip, monkeypatch):
+    from jupyter_gpu.timing import runner
+
+    monkeypatch.setattr(runner, "PROGRESS_AFTER_SECONDS", 0.01)  # what counts as "long" on this machine
+    ip.run_cell("import time")
+    with capture_output() as captured:
+        ip.run_cell("%%gputime -r 3\ntime.sleep(0.03)").raise_error()
+    lines = [o.data["text/plain"] for o in captured.outputs if "text/html" not in o.data]
+    assert lines[0].startswith("gputime: repeat 1/3 done") and "left" in lines[0]
+    assert lines[-1] == ""  # the progress line is emptied once the result is shown
+    assert "n=3 runs" in captured.outputs[-1].data["text/plain"]
+
+
+def test_interrupt_keeps_the_finished_repeats_and_still_stops(ip):
+    ip.run_cell("import time\nexecutions = 0")
+    body = ("executions += 1\n"
+            "if executions == 4:\n"
+            "    raise KeyboardInterrupt\n"
+            "time.sleep(0.01)")
+    with capture_output() as captured:
+        outcome = ip.run_cell(f"%%gputime -r 5\n{body}")
+    assert isinstance(outcome.error_in_exec, KeyboardInterrupt)  # "Run all" stops here
+    shown = captured.outputs[0].data["text/plain"]
+    assert "n=2 runs" in shown and "interrupted after 2 of 5 repeats" in shown
+    assert LOOP_COUNT not in ip.user_ns and no_sampler_thread()
