@@ -57,18 +57,14 @@ class GpuTimeMagics(Magics):
         compiled = compile_cell(self.shell, source, header=f"%%gputime {line}".rstrip() if cell is not None else None)
         progress = None if options.quiet else _ProgressLine()
         timed = time_cell(self.shell.user_ns, compiled, request, self._backend(), progress=progress)
-        if timed.interrupted is not None:
-            # Show what the finished repeats measured, then stop as the user asked ("Run all" stops too).
-            if not options.quiet:
-                display(timed.result)
-            raise timed.interrupted
-        if options.return_result:
-            # A cell magic's return value is the cell's Out: displaying it here too would show it twice.
-            if not options.quiet and cell is None:
-                display(timed.result)
-            return timed.result
-        if not options.quiet:
+        # With -o, a cell magic's return value is the cell's Out: displaying it here would show it twice.
+        shown_as_value = options.return_result and cell is not None and timed.interrupted is None
+        if not options.quiet and not shown_as_value:
             display(timed.result)
+        if timed.interrupted is not None:
+            raise timed.interrupted  # the finished repeats are shown; stop as asked ("Run all" stops too)
+        if options.return_result:
+            return timed.result
         return None if options.quiet or request.repeated else timed.value
 
     def _parse(self, line: str, cell: str | None) -> tuple[Any, str]:
@@ -89,7 +85,7 @@ class GpuTimeMagics(Magics):
             raise UsageError("%%gputime has an empty cell: nothing to time.")
         return options, statement
 
-    def _backend(self) -> Backend | None:
+    def _backend(self) -> Backend:
         spec = os.environ.get(BACKEND_ENV, "")
         if spec not in self._backends:
             try:

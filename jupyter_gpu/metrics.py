@@ -75,6 +75,11 @@ class DeviceSample:
             raise ValueError(f"Device status must be one of {', '.join(DEVICE_STATUSES)}, got {self.status!r}.")
 
     @property
+    def label(self) -> str:
+        """The device's name, or its index when NVML could not read the name."""
+        return self.name or f"GPU {self.index}"
+
+    @property
     def throttled(self) -> bool:
         return any(reason in PERFORMANCE_THROTTLES for reason in self.throttle_reasons or ())
 

@@ -16,8 +16,8 @@ def gpu_availability(torch: Any | None, sample: Sample | None) -> GpuAvailabilit
     plus an NVML device means the kernel can use it. `torch.cuda.is_available()` is not called: it may
     initialise the driver in this process.
     """
+    names = [d.label for d in sample.devices if d.status == "ok"] if sample is not None else []
     if sample is not None and sample.simulated:
-        names = [d.name or f"GPU {d.index}" for d in sample.devices if d.status == "ok"]
         return GpuAvailability(usable=bool(names), devices=names, simulated=True,
                                reason=None if names else sample.message)
     if torch is None:
@@ -27,10 +27,8 @@ def gpu_availability(torch: Any | None, sample: Sample | None) -> GpuAvailabilit
         return GpuAvailability(usable=count > 0, devices=[torch.cuda.get_device_name(i) for i in range(count)])
     version = getattr(torch, "version", None)
     gpu_build = bool(getattr(version, "cuda", None) or getattr(version, "hip", None))
-    if sample is not None and sample.status == "ok" and gpu_build:
-        names = [d.name or f"GPU {d.index}" for d in sample.devices if d.status == "ok"]
-        if names:
-            return GpuAvailability(usable=True, devices=names)
+    if sample is not None and sample.status == "ok" and gpu_build and names:
+        return GpuAvailability(usable=True, devices=names)
     mps = getattr(getattr(torch, "backends", None), "mps", None)
     if mps is not None and mps.is_available():
         return GpuAvailability(usable=True, devices=["Apple MPS"])

@@ -46,7 +46,7 @@ class BusyWatch:
                 if device.utilization_gpu is None or (uuids and device.uuid not in uuids):
                     continue
                 readings.append(device.utilization_gpu)
-                devices.add(device.name or f"GPU {device.index}")
+                devices.add(device.label)
         if not readings:
             return None, "NVML reported no utilisation for these GPUs", throttles
         busy = GpuBusy(percent=sum(readings) / len(readings), samples=len(readings), devices=sorted(devices),
