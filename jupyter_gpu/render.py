@@ -10,6 +10,9 @@ from jupyter_gpu.models import Finding
 from jupyter_gpu.report import GpuCheckReport
 
 STATUS_MARK = {"ok": "✓", "warn": "!", "fail": "✗"}
+# The label every surface puts on output that came from the simulated backend or a simulated snapshot.
+SIMULATED_TEXT = "   [simulated]"
+SIMULATED_HTML = ' <span style="opacity:.7">[simulated]</span>'
 COLOUR = {"fail": "#c62828", "warn": "#b26a00", "info": "#1565c0", "ok": "#2e7d32"}
 
 
@@ -32,7 +35,7 @@ def _simulated(report: GpuCheckReport) -> bool:
 def render_text(report: GpuCheckReport) -> str:
     lines = [f"{STATUS_MARK[report.status]} {report.verdict}"]
     if _simulated(report):
-        lines[0] += "   [simulated]"
+        lines[0] += SIMULATED_TEXT
     lines.extend(findings_text(report.findings))
     if report.verbose:
         lines.append("")
@@ -43,7 +46,7 @@ def render_text(report: GpuCheckReport) -> str:
 
 def render_html(report: GpuCheckReport) -> str:
     colour = COLOUR[report.status]
-    simulated = ' <span style="opacity:.7">[simulated]</span>' if _simulated(report) else ""
+    simulated = SIMULATED_HTML if _simulated(report) else ""
     parts = [
         '<div class="jupyter-gpu-check" style="font-family:var(--jp-ui-font-family,sans-serif);line-height:1.4">',
         f'<div style="font-weight:600;color:{colour};font-size:1.05em">'

@@ -107,7 +107,7 @@ class OpCounter:
             self.by_device[kind] += 1
         direction = None
         if is_copy:
-            direction = _copy_of(name, args, inputs, outputs)
+            direction = _copy_of(name, inputs, outputs)
             if direction is not None:
                 self.copies[direction] += 1
                 self.copy_bytes[direction] += sum(int(t.nbytes) for t in _as_tuple(out)
@@ -196,7 +196,7 @@ def _devices(tensor_type: type, args: tuple, kwargs: dict) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _copy_of(name: str, args: tuple, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> str | None:
+def _copy_of(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> str | None:
     if name == "copy_" and len(inputs) >= 2:
         destination, source = inputs[0], inputs[1]
     else:

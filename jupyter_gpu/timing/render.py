@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from jupyter_gpu.render import COLOUR, findings_html, findings_text
+from jupyter_gpu.render import COLOUR, SIMULATED_HTML, SIMULATED_TEXT, findings_html, findings_text
 from jupyter_gpu.timing.result import GpuTimeResult
 from jupyter_gpu.units import format_bytes, format_count, format_seconds
 
@@ -36,16 +36,16 @@ def summary_rows(result: GpuTimeResult) -> list[tuple[str, str]]:
 
 
 def render_text(result: GpuTimeResult) -> str:
-    title = f"gputime: {result.label}" + ("   [simulated]" if result.simulated else "")
-    lines = [title]
-    width = max(len(heading) for heading, _ in summary_rows(result))
-    lines.extend(f"  {heading:<{width}}  {text}" for heading, text in summary_rows(result))
+    lines = [f"gputime: {result.label}" + (SIMULATED_TEXT if result.simulated else "")]
+    rows = summary_rows(result)
+    width = max(len(heading) for heading, _ in rows)
+    lines.extend(f"  {heading:<{width}}  {text}" for heading, text in rows)
     lines.extend(findings_text(result.findings))
     return "\n".join(lines)
 
 
 def render_html(result: GpuTimeResult) -> str:
-    simulated = ' <span style="opacity:.7">[simulated]</span>' if result.simulated else ""
+    simulated = SIMULATED_HTML if result.simulated else ""
     worst = result.findings[0].severity if result.findings else "ok"
     colour = COLOUR["ok" if worst == "info" else worst]
     parts = [
