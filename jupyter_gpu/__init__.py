@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Comparison", "GpuCheckReport", "GpuTimeResult", "GpuUnavailableError", "__version__", "compare",
-           "require_gpu"]
+__all__ = ["BatchProbeResult", "Comparison", "GpuCheckReport", "GpuTimeResult", "GpuUnavailableError", "__version__",
+           "compare", "probe_batch_size", "require_gpu"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -48,6 +48,14 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu.timing.result import GpuTimeResult
 
         return GpuTimeResult
+    if name == "probe_batch_size":
+        from jupyter_gpu.batchprobe.probe import probe_batch_size
+
+        return probe_batch_size
+    if name == "BatchProbeResult":
+        from jupyter_gpu.batchprobe.result import BatchProbeResult
+
+        return BatchProbeResult
     if name == "GpuCheckReport":
         from jupyter_gpu.report import GpuCheckReport
 

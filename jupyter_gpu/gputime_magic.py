@@ -11,6 +11,7 @@ from IPython.display import display
 
 from jupyter_gpu.backends import BACKEND_ENV, Backend, BackendSpecError, select_backend
 from jupyter_gpu.options import GPUTIME_VALUE_FLAGS, OptionsError, gputime_parser, split_magic_line, validate_gputime
+from jupyter_gpu.progress import ProgressLine
 
 LABEL_WIDTH = 60
 
@@ -55,7 +56,7 @@ class GpuTimeMagics(Magics):
             label=options.label or _label(source), loops=options.loops, repeat=options.repeat,
             warmup=options.warmup, auto=options.auto, budget=options.budget or 2.0, count_ops=options.count_ops)
         compiled = compile_cell(self.shell, source, header=f"%%gputime {line}".rstrip() if cell is not None else None)
-        progress = None if options.quiet else _ProgressLine()
+        progress = None if options.quiet else ProgressLine()
         timed = time_cell(self.shell.user_ns, compiled, request, self._backend(), progress=progress)
         # With -o, a cell magic's return value is the cell's Out: displaying it here would show it twice.
         shown_as_value = options.return_result and cell is not None and timed.interrupted is None
@@ -98,21 +99,6 @@ class GpuTimeMagics(Magics):
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
-
-
-class _ProgressLine:
-    """One output line updated in place while long repeated timing runs, emptied when it ends."""
-
-    def __init__(self) -> None:
-        self._handle: Any = None
-
-    def __call__(self, text: str) -> None:
-        data = {"text/plain": text}
-        if self._handle is None:
-            if text:
-                self._handle = display(data, raw=True, display_id=True)
-        else:
-            self._handle.update(data, raw=True)
 
 
 def _label(source: str) -> str:

@@ -73,10 +73,11 @@ class GpuCheckMagics(Magics):
 
 
 # What `%load_ext jupyter_gpu` registers and `%unload_ext` removes: only magics that exist.
-MAGIC_NAMES = {"line": ["gpucheck", "gputime"], "cell": ["gputime"]}
+MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe"], "cell": ["gputime", "batchprobe"]}
 
 
 def magic_classes() -> list[type[Magics]]:
+    from jupyter_gpu.batchprobe_magic import BatchProbeMagics
     from jupyter_gpu.gputime_magic import GpuTimeMagics
 
-    return [GpuCheckMagics, GpuTimeMagics]
+    return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics]

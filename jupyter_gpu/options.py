@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn
 
+from jupyter_gpu.units import parse_bytes
+
 
 class OptionsError(ValueError):
     """A bad option, as one sentence a user can act on."""
@@ -128,5 +130,63 @@ def _positive_float(flag: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{flag} needs a number of seconds, not {text!r}") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{flag} must be a positive number of seconds, not {text}")
+        return value
+    return parse
+
+
+def batchprobe_parser(prog: str = "%batchprobe") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False, description="Find the largest batch size that fits.")
+    parser.add_argument("--start", type=_whole_number("--start", 1), default=2, help="first batch size tried")
+    parser.add_argument("--max", dest="maximum", type=_whole_number("--max", 1), default=None,
+                        help="largest batch size worth trying (default 65536)")
+    parser.add_argument("--max-memory", type=_memory_size("--max-memory"), default=None, metavar="SIZE",
+                        help="memory budget, e.g. 6GiB (default: the device's free memory)")
+    parser.add_argument("--margin", type=_fraction("--margin"), default=0.1, help="share of the budget kept free")
+    parser.add_argument("--steps", type=_whole_number("--steps", 1), default=2, help="training steps per trial")
+    parser.add_argument("--amp", choices=("bf16", "fp16"), default=None, help="run the step under autocast")
+    parser.add_argument("--estimate", action="store_true", help="predict with fake tensors instead of running")
+    parser.add_argument("--for", dest="memory_sizes", type=_memory_sizes, default=None, metavar="SIZES",
+                        help="memory sizes for --estimate, e.g. 24GiB,80GiB")
+    parser.add_argument("-o", dest="return_result", action="store_true", help="return the BatchProbeResult")
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    parser.add_argument("names", nargs="*", metavar="STEP", help="the step function (line magic only)")
+    return parser
+
+
+def validate_batchprobe(options: argparse.Namespace) -> None:
+    if options.maximum is not None and options.maximum < options.start:
+        raise OptionsError(f"--max ({options.maximum}) must be at least --start ({options.start}).")
+    if options.memory_sizes is not None and not options.estimate:
+        raise OptionsError("--for names memory sizes for --estimate; add --estimate, or use --max-memory to "
+                           "probe for real within one budget.")
+    if options.estimate and options.memory_sizes is None and options.max_memory is None:
+        raise OptionsError("--estimate needs the memory sizes to answer for, e.g. --for 24GiB,80GiB.")
+
+
+def _memory_size(flag: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            return parse_bytes(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None  # argparse names the flag itself
+    return parse
+
+
+def _memory_sizes(text: str) -> list[int]:
+    parse = _memory_size("--for")
+    sizes = [parse(part) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("--for needs at least one memory size, e.g. --for 24GiB,80GiB")
+    return sizes
+
+
+def _fraction(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"needs a fraction such as 0.1, not {text!r}") from None
+        if not 0 <= value < 1:
+            raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.1 keeps 10% free), not {text}")
         return value
     return parse

@@ -38,6 +38,26 @@ def format_bytes(count: int | float | None) -> str:
     return f"{sign}{int(magnitude)} B"
 
 
+_SIZE_SUFFIXES = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+                  "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """`6GiB` -> 6·2**30, `24GB` -> 24·10**9 (SI, as written), `512MiB`, `1.5TiB`, or plain bytes."""
+    cleaned = text.strip().replace("_", "")
+    number = cleaned.rstrip("bBkKmMgGtTiI ")
+    suffix = cleaned[len(number):].strip().lower()
+    if suffix not in _SIZE_SUFFIXES or not number:
+        raise ValueError(f"{text!r} is not a memory size; write it like 6GiB, 512MiB or 24GB")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a memory size; write it like 6GiB, 512MiB or 24GB") from None
+    if not value > 0:
+        raise ValueError(f"a memory size must be positive, not {text!r}")
+    return int(value * _SIZE_SUFFIXES[suffix])
+
+
 def format_count(count: int) -> str:
     return f"{count:,}"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
@@ -34,16 +35,7 @@ def compile_cell(shell: Any, source: str, header: str | None = None) -> Compiled
     cell body: it is cached too, so line numbers match the notebook cell the user sees. The loop form
     runs at module level, so every assignment lands in the user's namespace as a plain cell's would.
     """
-    transformed = shell.transform_cell(source)
-    shown = transformed if header is None else f"{header}\n{transformed}"
-    filename = shell.compile.cache(shown, shell.execution_count)
-    tree = shell.compile.ast_parse(transformed, filename=filename)
-    if header is not None:
-        ast.increment_lineno(tree, 1)
-    tree = shell.transform_ast(tree)
-    statements = list(tree.body)
-    if not statements:
-        statements = [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
+    statements, filename = _parse(shell, source, header)
     last = statements[-1] if isinstance(statements[-1], ast.Expr) else None
     body = ast.Module(body=statements[:-1] if last is not None else statements, type_ignores=[])
     loop = ast.Module(body=[_loop_over(statements)], type_ignores=[])
@@ -54,6 +46,40 @@ def compile_cell(shell: Any, source: str, header: str | None = None) -> Compiled
         loop=shell.compile(ast.fix_missing_locations(loop), filename, "exec"),
         filename=filename,
     )
+
+
+def compile_cell_function(shell: Any, source: str, header: str, parameter: str, namespace: dict[str, Any]
+                          ) -> Callable[[Any], None]:
+    """The cell body as the body of `def step(<parameter>)` whose globals are the notebook's namespace.
+
+    What the body assigns stays local to each call, so a training step's tensors are freed when the call
+    returns instead of lingering as notebook variables. Tracebacks show the cell's lines.
+    """
+    statements, filename = _parse(shell, source, header)
+    position = {"lineno": statements[0].lineno, "col_offset": 0, "end_lineno": statements[-1].end_lineno,
+                "end_col_offset": 0}
+    function = ast.FunctionDef(
+        name="cell", args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=parameter)], kwonlyargs=[],
+                                        kw_defaults=[], defaults=[]),
+        body=statements, decorator_list=[], returns=None, type_params=[], **position)
+    module = ast.Module(body=[function], type_ignores=[])
+    defined: dict[str, Any] = {}
+    exec(shell.compile(ast.fix_missing_locations(module), filename, "exec"), namespace, defined)
+    return defined["cell"]
+
+
+def _parse(shell: Any, source: str, header: str | None) -> tuple[list[ast.stmt], str]:
+    transformed = shell.transform_cell(source)
+    shown = transformed if header is None else f"{header}\n{transformed}"
+    filename = shell.compile.cache(shown, shell.execution_count)
+    tree = shell.compile.ast_parse(transformed, filename=filename)
+    if header is not None:
+        ast.increment_lineno(tree, 1)
+    tree = shell.transform_ast(tree)
+    statements = list(tree.body)
+    if not statements:
+        statements = [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
+    return statements, filename
 
 
 def _loop_over(statements: list[ast.stmt]) -> ast.For:

@@ -1,0 +1,252 @@
+"""Memory budgets: how much a trial may use, what it used, and the out-of-memory error when it is crossed.
+
+Two ways to account, one interface:
+
+- `AllocatorBudget` (CUDA): the caching allocator is the truth. `--max-memory` becomes
+  `set_per_process_memory_fraction`, so PyTorch itself raises its real out-of-memory error; the peak is
+  the allocator's reserved peak (what the cap limits), with the allocated peak reported beside it.
+- `TensorBudget` (the CPU, and any device without allocator statistics): a `TorchDispatchMode` adds up
+  the storages that live tensors hold, frees them through weak references to the storage (a tensor can
+  die while autograd keeps its storage for backward), and raises `torch.OutOfMemoryError` the moment the
+  total crosses the budget. This is how the whole probe runs for real on a machine without a GPU.
+
+Both count absolute bytes: tensors that existed before the probe (the model, the optimizer state, data
+already on the device) are part of the total, as they are on a real card.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from jupyter_gpu.batchprobe.oom import budget_message
+
+
+class BudgetError(RuntimeError):
+    """The budget cannot be set up (no free-memory figure for this device and no --max-memory)."""
+
+
+@dataclass(frozen=True)
+class Peak:
+    bytes: int  # what the search compares with the budget
+    allocated_bytes: int | None = None  # CUDA: allocated peak (the reserved peak is `bytes`)
+
+
+class Budget(Protocol):
+    device: str
+    accounting: str
+    limit_bytes: int
+    source: str
+
+    def trial(self) -> AbstractContextManager[Any]: ...
+    def peak(self) -> Peak: ...
+    def in_use(self) -> int: ...
+    def release_cache(self) -> None: ...
+    def synchronize(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class TensorBudget:
+    """Counts live tensor storages on one device type; raises torch's OutOfMemoryError past the limit."""
+
+    accounting = "live tensor bytes"
+
+    def __init__(self, torch: Any, device_type: str = "cpu", limit_bytes: int | None = None) -> None:
+        self._torch = torch
+        self.device = device_type
+        self.devices_seen: set[str] = set()
+        self.baseline = live_tensor_bytes(torch, device_type)
+        if limit_bytes is None:
+            free = _free_memory(torch, device_type)
+            if free is None:
+                raise BudgetError(f"jupyter-gpu cannot read how much {device_type.upper()} memory is free; "
+                                  "give the budget with --max-memory, e.g. --max-memory 6GiB.")
+            self.limit_bytes = self.baseline + free
+            self.source = f"free {device_type.upper()} memory"
+        else:
+            self.limit_bytes = limit_bytes
+            self.source = "--max-memory"
+        self.live = self.baseline
+        self.peak_bytes = self.baseline
+        self._storages: dict[int, weakref.ref] = {}
+        self._mode_class = _budget_mode_class(torch)
+
+    def trial(self) -> AbstractContextManager[Any]:
+        self.peak_bytes = self.live
+        return self._mode_class(self)
+
+    def peak(self) -> Peak:
+        return Peak(self.peak_bytes)
+
+    def in_use(self) -> int:
+        return live_tensor_bytes(self._torch, self.device)
+
+    def release_cache(self) -> None:
+        return None  # no allocator cache: freed storages are gone already
+
+    def synchronize(self) -> None:
+        sync = getattr(getattr(self._torch, self.device, None), "synchronize", None)
+        if self.device != "cpu" and callable(sync):
+            sync()
+
+    def close(self) -> None:
+        self._storages.clear()  # the weak-reference callbacks must not outlive the probe
+
+    # Called by the dispatch mode for every operator's outputs.
+    def record(self, func: Any, out: Any) -> None:
+        returns = func._schema.returns
+        for position, tensor in enumerate(out if isinstance(out, (tuple, list)) else (out,)):
+            if not isinstance(tensor, self._torch.Tensor):
+                continue
+            device_type = tensor.device.type
+            self.devices_seen.add(device_type)
+            if device_type != self.device:
+                continue
+            # An output with alias information is a view or the in-place input: no new memory.
+            if position < len(returns) and returns[position].alias_info is not None:
+                continue
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue  # sparse and some subclass tensors have no plain storage to measure
+            key = id(storage)
+            if key in self._storages and self._storages[key]() is storage:
+                continue
+            size = storage.nbytes()
+            self._storages[key] = weakref.ref(storage, self._freed(key, size))
+            self.live += size
+            self.peak_bytes = max(self.peak_bytes, self.live)
+            if self.live > self.limit_bytes:
+                raise self._torch.OutOfMemoryError(
+                    budget_message(self.device.upper(), size, self.live - size, self.limit_bytes))
+
+    def _freed(self, key: int, size: int) -> Any:
+        def freed(_: Any) -> None:
+            self.live -= size
+            self._storages.pop(key, None)
+        return freed
+
+
+class AllocatorBudget:
+    """CUDA: the caching allocator's own statistics, and its per-process cap for --max-memory."""
+
+    accounting = "CUDA caching allocator"
+
+    def __init__(self, torch: Any, limit_bytes: int | None = None) -> None:
+        self._cuda = torch.cuda
+        index = self._cuda.current_device()
+        self.device = f"cuda:{index}"
+        self._index = index
+        self._cuda.empty_cache()
+        total = self._cuda.get_device_properties(index).total_memory
+        self._previous_fraction: float | None = None
+        if limit_bytes is None:
+            free, _ = self._cuda.mem_get_info(index)
+            self.limit_bytes = free + self._cuda.memory_reserved(index)
+            self.source = f"free memory on {self.device}"
+        else:
+            self.limit_bytes = limit_bytes
+            self.source = "--max-memory"
+            self._previous_fraction = self._cuda.get_per_process_memory_fraction(index)
+            self._cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), index)
+
+    def trial(self) -> AbstractContextManager[Any]:
+        from contextlib import nullcontext
+
+        self._cuda.reset_peak_memory_stats(self._index)
+        return nullcontext()
+
+    def peak(self) -> Peak:
+        return Peak(self._cuda.max_memory_reserved(self._index), self._cuda.max_memory_allocated(self._index))
+
+    def in_use(self) -> int:
+        return self._cuda.memory_allocated(self._index)
+
+    def release_cache(self) -> None:
+        self._cuda.empty_cache()
+
+    def synchronize(self) -> None:
+        self._cuda.synchronize(self._index)
+
+    def close(self) -> None:
+        if self._previous_fraction is not None:
+            self._cuda.set_per_process_memory_fraction(self._previous_fraction, self._index)
+            self._previous_fraction = None
+
+
+def live_tensor_bytes(torch: Any, device_type: str) -> int:
+    """Bytes held by every tensor storage on `device_type` that Python can reach, each storage once.
+
+    Gradients are reached through their parameters: a `.grad` may have no Python object of its own.
+    """
+    seen: set[int] = set()
+    total = 0
+    tensor_type = torch.Tensor
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads `__class__`, which some lazy module proxies warn about.
+        if not issubclass(type(obj), tensor_type):
+            continue
+        for tensor in (obj, obj.grad) if obj.is_leaf and obj.requires_grad else (obj,):
+            if tensor is None or tensor.device.type != device_type or _is_fake(tensor):
+                continue
+            try:
+                storage = tensor.untyped_storage()
+                pointer = storage.data_ptr()
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+            if pointer and pointer not in seen:
+                seen.add(pointer)
+                total += storage.nbytes()
+    return total
+
+
+def _is_fake(tensor: Any) -> bool:
+    return type(tensor).__name__ == "FakeTensor" or tensor.is_meta
+
+
+def _free_memory(torch: Any, device_type: str) -> int | None:
+    if device_type == "cpu":
+        return _available_host_memory()
+    if device_type == "mps" and hasattr(torch, "mps"):
+        recommended = getattr(torch.mps, "recommended_max_memory", None)
+        allocated = getattr(torch.mps, "driver_allocated_memory", None)
+        if callable(recommended) and callable(allocated):
+            return max(recommended() - allocated(), 0)
+    if device_type == "xpu" and hasattr(torch, "xpu"):
+        return torch.xpu.mem_get_info()[0]
+    return None
+
+
+def _available_host_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux); None elsewhere, where the user gives --max-memory."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _budget_mode_class(torch: Any) -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class BudgetMode(TorchDispatchMode):
+        def __init__(self, budget: TensorBudget) -> None:
+            super().__init__()
+            self.budget = budget
+
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True  # without it Dynamo skips, for good, a function first called under this mode
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            self.budget.record(func, out)
+            return out
+
+    return BudgetMode

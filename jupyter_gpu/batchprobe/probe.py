@@ -1,0 +1,287 @@
+"""Run the batch-size search for real: trials of the user's step under a memory budget, state put back.
+
+Each trial restores the training state first, so every size starts from the same model, optimizer and
+RNG state and measures the same thing; the state is restored once more at the end, also when a trial
+failed half-way or the user interrupted. Out-of-memory errors are recognised in the `except` block but
+cleaned up after it: inside it, the exception's traceback still holds the failed trial's tensors.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, TensorBudget
+from jupyter_gpu.batchprobe.oom import FailureKind, classify, describe
+from jupyter_gpu.batchprobe.release import release_last_error
+from jupyter_gpu.batchprobe.result import RECOMMEND, SEARCH, VERIFY, BatchProbeResult, Trial
+from jupyter_gpu.batchprobe.search import BatchSizeSearch, Outcome, memory_line, recommended_size, throughput_knee
+from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
+from jupyter_gpu.units import format_bytes, format_seconds
+
+# Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
+# large only to say so would take minutes. The report says when this cap, not memory, was the limit.
+DEFAULT_MAX_BATCH = 65536
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+Progress = Callable[[str], None]
+
+
+class ProbeError(RuntimeError):
+    """The probe cannot run (no torch, no budget for this device)."""
+
+
+class StickyCudaError(RuntimeError):
+    """A trial hit an error that leaves the CUDA context unusable: only a kernel restart recovers."""
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    start: int = 2  # as Lightning: batch size 1 breaks BatchNorm in training mode
+    maximum: int = DEFAULT_MAX_BATCH
+    max_memory: int | None = None
+    margin: float = 0.1
+    steps: int = 2
+    amp: str | None = None
+
+
+def probe_batch_size(step: Callable[[int], Any], request: ProbeRequest | None = None, *,
+                     namespace: dict[str, Any] | None = None, progress: Progress | None = None
+                     ) -> BatchProbeResult:
+    """Find the largest batch size `step(batch_size)` runs with in the budget; the state is put back.
+
+    `namespace` is where the model and optimizer live (a script's `globals()`; the step's own globals,
+    closure and bound object are searched as well). Ctrl-C stops the probe after putting the state back.
+    """
+    result = run_probe(step, request, namespace=namespace, progress=progress)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *,
+              namespace: dict[str, Any] | None = None, shell: Any = None,
+              progress: Progress | None = None) -> BatchProbeResult:
+    """`probe_batch_size` for the magic: on Ctrl-C the finished trials come back with `interrupted=True`."""
+    try:
+        import torch
+    except ImportError:
+        raise ProbeError("%batchprobe needs PyTorch, and torch is not installed in this kernel.") from None
+    request = request or ProbeRequest()
+    started = time.perf_counter()
+    release_last_error(shell)  # an OOM in an earlier cell may still hold its tensors
+    objects = find_training_objects(namespace or {}, step)
+    budget = _budget_for(torch, request.max_memory)
+    notes: list[str] = []
+    try:
+        gc.collect()
+        budget.release_cache()
+        memory_before = budget.in_use()
+        snapshot = StateSnapshot.take(objects)
+        runner = _Runner(torch, step, request, budget, snapshot, progress or _silent)
+        try:
+            runner.run()
+            if runner.switch_to is not None:  # the first trial showed the work is on another device
+                budget.close()
+                budget = _budget_for(torch, request.max_memory, runner.switch_to)
+                notes.append(f"The step put its tensors on {budget.device}: the probe started again there.")
+                budget.release_cache()
+                memory_before = budget.in_use()
+                runner = _Runner(torch, step, request, budget, snapshot, progress or _silent)
+                runner.run()
+        finally:
+            if not runner.broken:
+                snapshot.restore()
+            (progress or _silent)("")
+        snapshot_bytes = snapshot.host_bytes
+        del snapshot, runner.snapshot  # the host copies go now: the "after" figure must not count them
+        release_last_error(shell)  # collects, too
+        budget.release_cache()
+        memory_after = budget.in_use()
+    finally:
+        budget.close()
+    return _result(runner, request, budget, [*objects.names(), "RNG"], notes, memory_before, memory_after,
+                   snapshot_bytes, time.perf_counter() - started)
+
+
+def _budget_for(torch: Any, max_memory: int | None, device_type: str | None = None) -> Budget:
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+    try:
+        if device_type == "cuda":
+            return AllocatorBudget(torch, max_memory)
+        return TensorBudget(torch, device_type, max_memory)
+    except BudgetError as exc:
+        raise ProbeError(str(exc)) from None
+
+
+def _silent(_: str) -> None:
+    return None
+
+
+class _Runner:
+    """The trial loop for one budget."""
+
+    def __init__(self, torch: Any, step: Callable[[int], Any], request: ProbeRequest, budget: Budget,
+                 snapshot: StateSnapshot, progress: Progress) -> None:
+        self.torch = torch
+        self.step = step
+        self.request = request
+        self.budget = budget
+        self.snapshot = snapshot
+        self.progress = progress
+        self.search = BatchSizeSearch(start=request.start, maximum=request.maximum,
+                                      budget_bytes=budget.limit_bytes)
+        self.trials: list[Trial] = []
+        self.recommended = 0
+        self.interrupted = False
+        self.broken = False
+        self.switch_to: str | None = None
+        self._started = time.perf_counter()
+
+    def run(self) -> None:
+        try:
+            while (size := self.search.next_size()) is not None:
+                how = self.search.last_step
+                trial = self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
+                if self.switch_to is not None:
+                    return
+                self.search.record(size, trial.fitted, trial.peak_bytes if trial.fitted else None)
+            self.recommended = self._recommend()
+        except KeyboardInterrupt:
+            self.interrupted = True
+
+    def _recommend(self) -> int:
+        answer = self.search.answer
+        outcomes = self._outcomes()
+        size = recommended_size(outcomes, answer, self.budget.limit_bytes, self.request.margin)
+        if size <= 0 or any(t.fitted and t.batch_size == size for t in self.trials):
+            return size
+        trial = self._trial(size, RECOMMEND, "margin")
+        if trial.fitted:
+            return size
+        smaller = [t.batch_size for t in self.trials if t.fitted and t.batch_size < size]
+        return max(smaller, default=0)
+
+    def _outcomes(self) -> list[Outcome]:
+        return [Outcome(t.batch_size, t.fitted, t.peak_bytes if t.fitted else None) for t in self.trials]
+
+    def _trial(self, size: int, purpose: str, how: str) -> Trial:
+        self._show(f"trial {len(self.trials) + 1}: batch {size} ({how}) …")
+        self.snapshot.restore()
+        started = time.perf_counter()
+        times: list[float] = []
+        failure = None
+        try:
+            with self.budget.trial(), self._autocast():
+                for _ in range(self.request.steps):
+                    self.budget.synchronize()
+                    step_started = time.perf_counter()
+                    self.step(size)
+                    self.budget.synchronize()
+                    times.append(time.perf_counter() - step_started)
+        except Exception as error:
+            failure = classify(error)
+            if failure is None:
+                raise
+            if failure.kind is FailureKind.STICKY:
+                self.broken = True
+                raise StickyCudaError(f"%batchprobe stopped at batch size {size}: {describe(failure)}. "
+                                      "The model's state could not be put back.") from error
+        # Cleanup happens here, outside the except block: the exception and its frames are gone now.
+        peak = self.budget.peak()
+        self.snapshot.restore()
+        if failure is not None:
+            # A failed step can leave reference cycles (half-built autograd graphs, frames); a successful
+            # one frees by reference counting. gc.collect is the costly part of a trial, so only here.
+            gc.collect()
+        self.budget.release_cache()
+        self._note_other_device()
+        trial = _trial_record(size, purpose, how, failure, peak, times, time.perf_counter() - started)
+        self.trials.append(trial)
+        self._show(_progress_line(trial, self.search, self.budget.limit_bytes))
+        return trial
+
+    def _autocast(self) -> Any:
+        if self.request.amp is None:
+            return nullcontext()
+        dtype = getattr(self.torch, AMP_DTYPES[self.request.amp])
+        return self.torch.autocast(device_type=self.budget.device.split(":")[0], dtype=dtype)
+
+    def _note_other_device(self) -> None:
+        # A CPU budget that saw the step's tensors on an accelerator is counting the wrong memory.
+        if not self.trials and isinstance(self.budget, TensorBudget) and self.budget.device == "cpu":
+            others = sorted(self.budget.devices_seen - {"cpu", "meta"})
+            if others:
+                self.switch_to = others[0]
+
+    def _show(self, text: str) -> None:
+        elapsed = format_seconds(time.perf_counter() - self._started)
+        self.progress(f"%batchprobe  {text}  [{elapsed}]")
+
+
+def _trial_record(size: int, purpose: str, how: str, failure: Any, peak: Any, times: list[float],
+                  seconds: float) -> Trial:
+    fitted = failure is None
+    steady = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
+    return Trial(
+        batch_size=size, fitted=fitted, peak_bytes=peak.bytes if fitted else None,
+        step_seconds=steady if fitted else None,
+        samples_per_second=size / steady if fitted and steady else None,
+        purpose=purpose, how=how,
+        failure=None if failure is None else describe(failure),
+        failure_kind=None if failure is None else str(failure.kind),
+        allocated_peak_bytes=peak.allocated_bytes if fitted else None,
+        steps_run=len(times), seconds=seconds)
+
+
+def _progress_line(trial: Trial, search: BatchSizeSearch, budget: int) -> str:
+    verdict = (f"fits, peak {format_bytes(trial.peak_bytes)} of {format_bytes(budget)}" if trial.fitted
+               else f"does not fit: {trial.failure}")
+    known = f"fits ≤ {search.largest_fit or '—'}"
+    lowest = search.lowest_failure
+    if lowest is not None or not trial.fitted:
+        known += f", fails ≥ {min(filter(None, (lowest, None if trial.fitted else trial.batch_size)))}"
+    return f"trial {len(search.outcomes) + 1}: batch {trial.batch_size} {verdict}  │ {known}"
+
+
+def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: list[str], notes: list[str],
+            memory_before: int, memory_after: int, snapshot_bytes: int, seconds: float) -> BatchProbeResult:
+    search = runner.search
+    answer = search.answer
+    fitted_rates = [(t.batch_size, t.samples_per_second) for t in runner.trials
+                    if t.fitted and t.samples_per_second is not None]
+    best_per_size: dict[int, float] = {}
+    for size, rate in fitted_rates:
+        best_per_size[size] = max(rate, best_per_size.get(size, 0.0))
+    line = memory_line(runner._outcomes(), below=answer + 1 if answer else None)
+    if line is None and answer:
+        notes.append("Peak memory did not grow with the batch size, so the margin is applied to the size itself.")
+    if request.steps == 1:
+        notes.append("--steps 1: step times include the first step (warm-up, lazy optimizer state).")
+    return BatchProbeResult(
+        max_batch_size=answer, recommended=runner.recommended,
+        knee=throughput_knee(sorted(best_per_size.items())),
+        trials=runner.trials, device=budget.device, accounting=budget.accounting,
+        budget_bytes=budget.limit_bytes, budget_source=budget.source, margin=request.margin,
+        steps=request.steps, amp=request.amp, limited_by=_limited_by(runner),
+        memory_before=memory_before, memory_after=memory_after, restored=restored,
+        snapshot_bytes=snapshot_bytes, seconds=seconds, memory_model=line, notes=notes,
+        interrupted=runner.interrupted)
+
+
+def _limited_by(runner: _Runner) -> str:
+    search = runner.search
+    if search.answer == 0:
+        return "nothing fits"
+    if search.capped:
+        return "--max"
+    above = [t for t in runner.trials if not t.fitted and t.batch_size == search.answer + 1]
+    if above and above[-1].failure_kind == str(FailureKind.SIZE_LIMIT):
+        return "size limit"
+    return "memory"

@@ -1,0 +1,171 @@
+"""Text and HTML renderings of a `BatchProbeResult`, and its plot. Every value in the HTML is escaped.
+
+The text rendering carries the per-size table with bars, so it is the plot when matplotlib is absent.
+"""
+
+from __future__ import annotations
+
+import io
+from html import escape
+from typing import Any
+
+from jupyter_gpu.batchprobe.result import BatchProbeResult, Trial
+from jupyter_gpu.render import COLOUR
+from jupyter_gpu.units import format_bytes, format_seconds
+
+BAR_WIDTH = 12
+
+
+def headline(result: BatchProbeResult) -> str:
+    if result.max_batch_size == 0:
+        return (f"batchprobe: no batch size fits: even {min(t.batch_size for t in result.trials)} runs out of "
+                f"the {format_bytes(result.budget_bytes)} budget" if result.trials else "batchprobe: no trial ran")
+    text = f"batchprobe: max batch size {result.max_batch_size}"
+    if result.limited_by == "--max":
+        text += " (the --max cap, not memory)"
+    elif result.limited_by == "size limit":
+        text += f" ({result.max_batch_size + 1} hits a size limit, not memory)"
+    text += f" · recommended {result.recommended} ({result.margin:.0%} of the budget kept free)"
+    if result.knee is not None:
+        text += f" · throughput levels off at {result.knee}"
+    return text
+
+
+def summary_rows(result: BatchProbeResult) -> list[tuple[str, str]]:
+    rows = [("budget", f"{format_bytes(result.budget_bytes)} on {result.device} ({result.budget_source}; "
+                       f"counted as {result.accounting})")]
+    if result.memory_model is not None:
+        intercept, per_sample = result.memory_model
+        rows.append(("memory model", f"peak ≈ {format_bytes(intercept)} + {format_bytes(per_sample)} per sample"))
+    extra = len(result.trials) - result.search_trials
+    rows.append(("search", f"{result.search_trials} trials to find the limit"
+                           + (f" + {extra} to verify and measure the recommendation" if extra else "")
+                           + f", {result.steps} step{'s' if result.steps != 1 else ''} each"
+                           + (f", autocast {result.amp}" if result.amp else "")
+                           + f", {format_seconds(result.seconds)} in all"))
+    rows.append(("memory", _memory_line(result)))
+    rows.append(("restored", f"{', '.join(result.restored)} exactly as before "
+                             f"(host copies held during the probe: {format_bytes(result.snapshot_bytes)})"))
+    return rows
+
+
+def trial_rows(result: BatchProbeResult) -> list[tuple[str, ...]]:
+    """One row per batch size (its last trial), ascending: the table, and the text plot."""
+    latest: dict[int, Trial] = {}
+    for trial in result.trials:
+        latest[trial.batch_size] = trial if trial.fitted or trial.batch_size not in latest else latest[trial.batch_size]
+    best_rate = max((t.samples_per_second or 0.0 for t in latest.values()), default=0.0)
+    rows = []
+    for size in sorted(latest):
+        trial = latest[size]
+        marks = ", ".join(mark for mark, chosen in (("max", size == result.max_batch_size),
+                                                  ("recommended", size == result.recommended),
+                                                  ("knee", size == result.knee)) if chosen)
+        if trial.fitted:
+            rate = trial.samples_per_second or 0.0
+            rows.append((str(size), "✓", format_bytes(trial.peak_bytes), _bar(trial.peak_bytes, result.budget_bytes),
+                         format_seconds(trial.step_seconds), f"{rate:,.0f}", _bar(rate, best_rate), marks))
+        else:
+            rows.append((str(size), "✗", trial.failure or "failed", "", "", "", "", marks))
+    return rows
+
+
+TABLE_HEADINGS = ("batch", "fits", "peak memory", f"of {'budget':<{BAR_WIDTH - 3}}", "step", "samples/s",
+                  "", "")
+HTML_HEADINGS = ("batch", "fits", "peak memory", "of budget", "step", "samples/s", "", "")
+
+
+def render_text(result: BatchProbeResult) -> str:
+    lines = [headline(result)]
+    rows = summary_rows(result)
+    width = max(len(heading) for heading, _ in rows)
+    lines.extend(f"  {heading:<{width}}  {text}" for heading, text in rows)
+    table = [TABLE_HEADINGS, *trial_rows(result)]
+    widths = [max(len(row[i]) for row in table if row[1] != "✗" or i < 2) for i in range(len(TABLE_HEADINGS))]
+    for row in table:
+        if row[1] == "✗":
+            lines.append(f"  {row[0]:>{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]}"
+                         + (f"  ◀ {row[7]}" if row[7] else ""))
+            continue
+        cells = [f"{row[0]:>{widths[0]}}", f"{row[1]:<{widths[1]}}", f"{row[2]:>{widths[2]}}",
+                 f"{row[3]:<{widths[3]}}", f"{row[4]:>{widths[4]}}", f"{row[5]:>{widths[5]}}",
+                 f"{row[6]:<{widths[6]}}"]
+        lines.append(("  " + "  ".join(cells) + (f"  ◀ {row[7]}" if row[7] else "")).rstrip())
+    lines.extend(f"  note: {note}" for note in _notes(result))
+    return "\n".join(lines)
+
+
+def render_html(result: BatchProbeResult) -> str:
+    colour = COLOUR["fail" if result.max_batch_size == 0 or result.interrupted else "ok"]
+    cell = 'style="text-align:left;padding-right:1em"'
+    parts = [
+        '<div class="jupyter-gpu-batchprobe" style="font-family:var(--jp-ui-font-family,sans-serif);line-height:1.4">',
+        f'<div style="font-weight:600;color:{colour}">{escape(headline(result))}</div>',
+        '<table style="margin:.2em 0;font-size:.92em">',
+    ]
+    parts.extend(f'<tr><td style="text-align:left;opacity:.75;padding-right:1em">{escape(heading)}</td>'
+                 f'<td style="text-align:left">{escape(text)}</td></tr>' for heading, text in summary_rows(result))
+    parts.append('</table><table style="margin:.2em 0;font-size:.92em;font-variant-numeric:tabular-nums">')
+    parts.append("<tr>" + "".join(f"<th {cell}>{escape(h)}</th>" for h in HTML_HEADINGS) + "</tr>")
+    for row in trial_rows(result):
+        parts.append("<tr>" + "".join(f"<td {cell}>{escape(value)}</td>" for value in row) + "</tr>")
+    parts.append("</table>")
+    parts.extend(f'<div style="opacity:.8">note: {escape(note)}</div>' for note in _notes(result))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def plot_png(result: BatchProbeResult) -> bytes | None:
+    """Peak memory and samples/s against batch size as a PNG; None when matplotlib is not installed."""
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no global figure state, no GUI backend
+    except ImportError:
+        return None
+    fitted = sorted({t.batch_size: t for t in result.trials if t.fitted}.values(), key=lambda t: t.batch_size)
+    failed = sorted({t.batch_size for t in result.trials if not t.fitted})
+    figure = Figure(figsize=(6.4, 3.2), dpi=100, layout="constrained")
+    memory_axis = figure.add_subplot()
+    sizes = [t.batch_size for t in fitted]
+    memory_axis.plot(sizes, [(t.peak_bytes or 0) / 2**20 for t in fitted], "o-", color="#1565c0", label="peak memory")
+    memory_axis.axhline(result.budget_bytes / 2**20, color="#c62828", linestyle="--", label="budget")
+    if failed:
+        memory_axis.plot(failed, [result.budget_bytes / 2**20] * len(failed), "x", color="#c62828",
+                         label="did not fit")
+    memory_axis.set_xlabel("batch size")
+    memory_axis.set_ylabel("peak memory (MiB)")
+    memory_axis.set_xscale("log", base=2)
+    rate_axis = memory_axis.twinx()
+    rate_axis.plot(sizes, [t.samples_per_second or 0 for t in fitted], "s-", color="#2e7d32", label="samples/s")
+    rate_axis.set_ylabel("samples/s")
+    for size, label in ((result.recommended, "recommended"), (result.max_batch_size, "max")):
+        if size:
+            memory_axis.axvline(size, color="#555", linestyle=":", linewidth=1)
+            memory_axis.annotate(label, (size, 0), xycoords=("data", "axes fraction"), rotation=90, fontsize=8,
+                                 va="bottom", ha="right")
+    handles = memory_axis.get_legend_handles_labels()[0] + rate_axis.get_legend_handles_labels()[0]
+    memory_axis.legend(handles=handles, loc="upper left", fontsize=8)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _memory_line(result: BatchProbeResult) -> str:
+    text = f"{format_bytes(result.memory_before)} in use before, {format_bytes(result.memory_after)} after"
+    leftover = result.memory_after - result.memory_before
+    if leftover > 0:
+        return text + f": {format_bytes(leftover)} more than before (something the step created is still referenced)"
+    return text + ": back to the starting level"
+
+
+def _notes(result: BatchProbeResult) -> list[str]:
+    notes = list(result.notes)
+    if result.interrupted:
+        notes.insert(0, "Interrupted: these are the trials finished so far; the state was put back.")
+    return notes
+
+
+def _bar(value: Any, full: float) -> str:
+    if not value or full <= 0:
+        return ""
+    filled = max(1, round(BAR_WIDTH * min(value / full, 1.0)))
+    return "█" * filled

@@ -1,0 +1,79 @@
+"""`BatchProbeResult`: plain data about one `%batchprobe` run, shaped like IPython's `TimeitResult`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from jupyter_gpu.models import RichResult
+
+# Why a trial was run: the search chose it, the answer was re-run after a failure, or the recommendation.
+SEARCH, VERIFY, RECOMMEND = "search", "verify", "recommend"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One batch size tried: `steps` real training steps at that size, or fewer if it failed."""
+
+    batch_size: int
+    fitted: bool
+    peak_bytes: int | None            # what the budget compares: live tensor bytes, or CUDA reserved
+    step_seconds: float | None        # steady-state step time (median after the first step)
+    samples_per_second: float | None
+    purpose: str = SEARCH             # search / verify / recommend
+    how: str = ""                     # how the search chose the size: start, double, predict, gallop, bisect
+    failure: str | None = None        # what stopped it: "out of memory (CUDA caching allocator)", …
+    failure_kind: str | None = None   # "out of memory", "size limit"
+    allocated_peak_bytes: int | None = None  # CUDA: the allocated (not reserved) peak
+    steps_run: int = 0
+    seconds: float = 0.0              # wall time of the whole trial, cleanup included
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, repr=False)
+class BatchProbeResult(RichResult):
+    renderer: ClassVar[str] = "jupyter_gpu.batchprobe.render"
+
+    max_batch_size: int               # the largest size that ran within the budget (0: none)
+    recommended: int                  # the largest size that keeps `margin` of the budget free, tried
+    knee: int | None                  # the smallest size within 95% of the best samples/s seen
+    trials: list[Trial]
+    device: str                       # "cpu", "cuda:0"
+    accounting: str                   # "live tensor bytes" or "CUDA caching allocator"
+    budget_bytes: int
+    budget_source: str                # "--max-memory", "free memory on cuda:0", …
+    margin: float
+    steps: int
+    amp: str | None
+    limited_by: str                   # "memory", "size limit", "--max", "nothing fits"
+    memory_before: int                # bytes in use on the probed device before and after the probe
+    memory_after: int
+    restored: list[str]               # what was put back: "model", "opt", "RNG", …
+    snapshot_bytes: int               # host memory the restore copies took during the probe
+    seconds: float
+    memory_model: tuple[float, float] | None = None  # peak ≈ intercept + per_sample·size, from the trials
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def search_trials(self) -> int:
+        """Trials that located the limit: the count to compare with other finders."""
+        return sum(1 for t in self.trials if t.purpose == SEARCH)
+
+    def trial(self, batch_size: int) -> Trial | None:
+        """The last trial of this size."""
+        found = [t for t in self.trials if t.batch_size == batch_size]
+        return found[-1] if found else None
+
+    def summary(self) -> str:
+        if self.max_batch_size == 0:
+            return f"no batch size fits in {self.budget_source}"
+        return (f"max batch size {self.max_batch_size}, recommended {self.recommended} "
+                f"({len(self.trials)} trials)")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["search_trials"] = self.search_trials
+        return data

@@ -1,0 +1,231 @@
+"""Which batch size to try next: the pure search behind `%batchprobe` (no torch, no clock).
+
+The search assumes "fits" is monotone (if N fits, every smaller size fits) and finds the exact limit:
+N fits and N+1 does not (or N is the user's `--max`). It proceeds in three ways:
+
+- **Doubling** from `--start` while nothing has failed and memory says nothing useful yet.
+- **Prediction**: once two fitted trials show peak memory growing with the batch size, a straight line
+  through the two largest (peak = a + b·size) says where the budget runs out. Until a third size lies
+  on that line the search moves towards it at most 8× at a time (small sizes often peak in the
+  optimizer step, which flattens the line); once confirmed it jumps there. That is exact for the usual
+  step, whose activations grow linearly with the batch.
+- **Correction**: a prediction that fitted is followed by the line's next prediction, but at least +1,
+  +2, +4, … (a too-steep line cannot make the search crawl); a prediction that failed is followed by
+  one size less, and then **bisection** of the bracket.
+
+A step whose peak does not grow (it raises out-of-memory above a hidden limit, or its allocations are
+invisible) never triggers a prediction, so the search is exactly doubling then bisection.
+
+Before answering, the limit must have run *after* the last failure: a failure can leave the allocator
+fragmented, so the answer is re-run when the last trial was a failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# An unconfirmed line (two points) may jump at most this many times the largest fitted size.
+UNCONFIRMED_JUMP = 8
+# A third point confirms the line when it is this close to it, relative to the peaks' growth.
+LINE_TOLERANCE = 0.05
+MIN_GROWTH = 0.1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One trial as the search sees it."""
+
+    batch_size: int
+    fitted: bool
+    peak_bytes: int | None = None  # measured peak of a fitted trial (None: not measured)
+
+
+@dataclass
+class BatchSizeSearch:
+    start: int = 1
+    maximum: int | None = None
+    budget_bytes: int | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    _hows: list[str] = field(default_factory=list)  # how each tried size was chosen
+    _how: str = "start"
+
+    def __post_init__(self) -> None:
+        if self.start < 1:
+            raise ValueError("start must be at least 1")
+        if self.maximum is not None and self.maximum < self.start:
+            raise ValueError("maximum must be at least start")
+
+    def record(self, batch_size: int, fitted: bool, peak_bytes: int | None = None) -> None:
+        self.outcomes.append(Outcome(batch_size, fitted, peak_bytes))
+
+    # -- the bracket ---------------------------------------------------------------------------------------
+    @property
+    def lowest_failure(self) -> int | None:
+        failed = [o.batch_size for o in self.outcomes if not o.fitted]
+        return min(failed) if failed else None
+
+    @property
+    def largest_fit(self) -> int:
+        """The largest size that fitted below every failure (0: none yet)."""
+        ceiling = self.lowest_failure
+        fitted = [o.batch_size for o in self.outcomes if o.fitted and (ceiling is None or o.batch_size < ceiling)]
+        return max(fitted, default=0)
+
+    @property
+    def upper(self) -> int | None:
+        """The smallest size known not to be allowed: a failure, or one past `--max`."""
+        bounds = [b for b in (self.lowest_failure, None if self.maximum is None else self.maximum + 1) if b]
+        return min(bounds) if bounds else None
+
+    @property
+    def bracketed(self) -> bool:
+        upper = self.upper
+        return upper is not None and upper == self.largest_fit + 1
+
+    @property
+    def capped(self) -> bool:
+        """The answer is `--max`, not the memory limit."""
+        return self.maximum is not None and self.largest_fit == self.maximum
+
+    @property
+    def answer(self) -> int:
+        return self.largest_fit
+
+    @property
+    def last_step(self) -> str:
+        """How the last size was chosen: start, double, approach, predict, gallop, bisect, re-run."""
+        return self._how
+
+    # -- the next size -------------------------------------------------------------------------------------
+    def next_size(self) -> int | None:
+        """The next batch size to try, or None when the answer is exact and verified."""
+        size, self._how = self._choose()
+        if size is not None:
+            self._hows.append(self._how)
+        return size
+
+    def _choose(self) -> tuple[int | None, str]:
+        if not self.outcomes:
+            return self.start, "start"
+        lo, upper = self.largest_fit, self.upper
+        if self.bracketed:
+            if lo == 0 or self._verified(lo):
+                return None, "done"
+            return lo, "re-run"
+        if lo == 0:  # nothing fits yet: halve towards 1 (bisection with 0 as the floor)
+            assert upper is not None
+            return max(1, upper // 2), "bisect"
+        limit = self._predicted_limit()
+        if self.lowest_failure is None:
+            if limit is None:
+                return self._clamp(lo * 2), "double"
+            if not self._line_confirmed():
+                # Two points can straddle a bend (small sizes often peak in the optimizer step, where the
+                # batch barely matters): approach by at most UNCONFIRMED_JUMP times, measuring on the way.
+                return self._clamp(max(min(limit, lo * UNCONFIRMED_JUMP), lo + 1)), "approach"
+            # Below the limit after a prediction that fitted: the line may be too steep (memory growing
+            # slower than linearly), so move at least +1, +2, +4, … to rule out a crawl.
+            streak = self._streak("predict", fitted=True)
+            least = lo + (1 << (streak - 1)) if streak else lo + 1
+            return self._clamp(max(limit, least)), "predict"
+        assert upper is not None
+        last = self.outcomes[-1]
+        if not last.fitted:
+            if self._hows[-1] == "predict":
+                return upper - 1, "gallop"  # usually the prediction was one too many
+            return (lo + upper) // 2, "bisect"
+        # A new fitted size moved the line: trust it inside the bracket, but not twice in a row without
+        # failing (a crawl), and not when it points past a size that already failed (the line is off).
+        if limit is not None and limit < upper and self._streak("predict", fitted=True) < 2:
+            return max(limit, lo + 1), "predict"
+        return (lo + upper) // 2, "bisect"
+
+    def _streak(self, how: str, fitted: bool) -> int:
+        """How many of the latest trials in a row were chosen as `how` and ended `fitted`."""
+        count = 0
+        for outcome, chosen in zip(reversed(self.outcomes), reversed(self._hows), strict=False):
+            if chosen != how or outcome.fitted != fitted:
+                break
+            count += 1
+        return count
+
+    def _line_confirmed(self) -> bool:
+        """A third fitted size lies on the line through the two largest (within 5% of their growth), and the
+        peaks grew by at least MIN_GROWTH: three equal peaks are collinear too, but say nothing."""
+        points = _fitted_peaks(self.outcomes, self.upper)
+        if len(points) < 3:
+            return False
+        (third, third_peak), (small, small_peak), (large, large_peak) = sorted(points.items())[-3:]
+        per_sample = (large_peak - small_peak) / (large - small)
+        expected = small_peak - per_sample * (small - third)
+        growth = large_peak - third_peak
+        return growth >= MIN_GROWTH * large_peak and abs(expected - third_peak) <= LINE_TOLERANCE * growth
+
+    def _predicted_limit(self) -> int | None:
+        """The largest size the memory line says fits the budget (None: no line, or no budget)."""
+        line = memory_line(self.outcomes, below=self.upper)
+        if line is None or self.budget_bytes is None:
+            return None
+        intercept, per_sample = line
+        return int((self.budget_bytes - intercept) // per_sample)
+
+    def _clamp(self, size: int) -> int:
+        return size if self.maximum is None else min(size, self.maximum)
+
+    def _verified(self, size: int) -> bool:
+        # Verified: the size fitted in a trial after the last failure.
+        for outcome in reversed(self.outcomes):
+            if outcome.batch_size == size and outcome.fitted:
+                return True
+            if not outcome.fitted:
+                return False
+        return False
+
+
+def memory_line(outcomes: list[Outcome], below: int | None = None) -> tuple[float, float] | None:
+    """Peak = intercept + per_sample·size through the two largest fitted, measured sizes (None: no growth).
+
+    The two *largest* sizes are used because small sizes can peak somewhere else (in the optimizer step,
+    which does not depend on the batch), which would flatten the line.
+    """
+    points = _fitted_peaks(outcomes, below)
+    if len(points) < 2:
+        return None
+    (small, small_peak), (large, large_peak) = sorted(points.items())[-2:]
+    per_sample = (large_peak - small_peak) / (large - small)
+    if per_sample <= 0:
+        return None
+    return large_peak - per_sample * large, per_sample
+
+
+def _fitted_peaks(outcomes: list[Outcome], below: int | None) -> dict[int, int]:
+    points: dict[int, int] = {}
+    for o in outcomes:
+        if o.fitted and o.peak_bytes is not None and (below is None or o.batch_size < below):
+            points[o.batch_size] = o.peak_bytes  # the latest measurement of a size wins
+    return points
+
+
+def recommended_size(outcomes: list[Outcome], answer: int, budget_bytes: int | None, margin: float) -> int:
+    """The largest size whose predicted peak leaves `margin` of the budget free (never above the answer).
+
+    Without a memory signal the margin is applied to the size itself, as Lightning does.
+    """
+    if answer <= 0:
+        return 0
+    line = memory_line(outcomes, below=answer + 1)
+    if line is None or budget_bytes is None:
+        return max(1, int(answer * (1 - margin)))
+    intercept, per_sample = line
+    size = int((budget_bytes * (1 - margin) - intercept) // per_sample)
+    return max(1, min(answer, size))
+
+
+def throughput_knee(points: list[tuple[int, float]], within: float = 0.95) -> int | None:
+    """The smallest batch size reaching `within` of the best samples/s: beyond it, bigger buys little."""
+    if len(points) < 2:
+        return None
+    best = max(rate for _, rate in points)
+    if best <= 0:
+        return None
+    return min(size for size, rate in points if rate >= within * best)

@@ -1,0 +1,515 @@
+"""Find the user's training objects and undo what each `%batchprobe` trial did to them.
+
+A trial runs the user's real training step, so it updates parameters, BatchNorm statistics, gradients, optimizer
+moments, schedulers, the AMP scaler, train/eval flags and the random number generators, and an out-of-memory
+error can stop it anywhere: half-way through backward, between two parameters of optimizer.step. The DESIGN
+rule is that afterwards all of that is bitwise what it was, so the snapshot keeps a host copy of every tensor and
+restores by copying the bytes back into the original tensor objects: the optimizer holds parameters by identity,
+and the user may hold references to gradients or buffers.
+
+Copies go to host memory, never to the device: the probe measures how much device memory the step can use, and
+a device-side copy would take part of it. torch is imported inside functions only; importing this module must
+not import it (the extension loads in kernels that never use torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import random
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+# IPython's input and output history: the cached outputs would list every model a cell ever displayed.
+_HISTORY_NAMES = frozenset({"In", "Out"})
+# Looking one level inside a container is for `models = {"gen": g, "disc": d}`; a list of a million samples
+# would cost seconds of isinstance checks and never holds the training objects.
+_MAX_CONTAINER_ITEMS = 10_000
+# The module dicts that hold parameters, buffers and submodules; a trial may replace or delete entries.
+_MODULE_SLOTS = ("_parameters", "_buffers", "_modules")
+# Plain attributes that optimizer.step() itself sets in torch 2.13 (torch/optim/optimizer.py, lr_scheduler.py):
+# `_opt_called` is set by the LR scheduler's wrapper around step() before the step runs, so even a trial that
+# fails at once sets it, and the user's next `scheduler.step()` would then skip the "called before
+# optimizer.step()" warning. `_warned_capturable_if_run_uncaptured` is a warn-once flag. Nothing else in
+# `Optimizer.__dict__` (hooks, defaults) changes during a step; `state` and `param_groups` are handled apart.
+_OPTIMIZER_FLAGS = ("_opt_called", "_warned_capturable_if_run_uncaptured")
+# GradScaler creates these tensors on the first scale(); its state_dict cannot say "not created yet".
+_SCALER_LAZY_TENSORS = ("_scale", "_growth_tracker")
+
+
+@dataclass
+class TrainingObjects:
+    """What a trial can change: the user's outermost modules, optimizers, LR schedulers and AMP grad scalers."""
+
+    modules: list[Any]  # torch.nn.Module
+    optimizers: list[Any]  # torch.optim.Optimizer
+    schedulers: list[Any]  # torch.optim.lr_scheduler.LRScheduler and ReduceLROnPlateau
+    scalers: list[Any]  # torch.amp.GradScaler and torch.cuda.amp.GradScaler
+    labels: dict[int, str] = field(default_factory=dict)  # id(object) -> where it was found, e.g. "model"
+
+    def objects(self) -> list[Any]:
+        return [*self.modules, *self.optimizers, *self.schedulers, *self.scalers]
+
+    def names(self) -> list[str]:
+        """How the report names the objects, e.g. ["model", "opt"]."""
+        return [self.labels.get(id(obj), type(obj).__name__) for obj in self.objects()]
+
+
+def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any] | None = None) -> TrainingObjects:
+    """Find the training objects in the user's namespace and among what `step` reaches directly.
+
+    Looks at the namespace's values (not names starting with "_", not IPython's In/Out) and at the step's
+    closure cells, referenced globals, bound `self` (and its attributes), and functools.partial arguments; each
+    also one level inside dict, list and tuple values. When torch has not been imported there is nothing to
+    protect and nothing is imported.
+    """
+    found = TrainingObjects([], [], [], [])
+    if "torch" not in sys.modules:
+        return found
+    kinds = _kinds()
+    seen: set[int] = set()
+    candidates = _namespace_candidates(namespace)
+    if step is not None:
+        candidates = _chain_candidates(candidates, _step_candidates(step, namespace))
+    for label, value in candidates:
+        kind = _kind_of(value, kinds)
+        if kind is not None and id(value) not in seen:
+            seen.add(id(value))
+            getattr(found, kind).append(value)
+            found.labels[id(value)] = label
+    found.modules = _outermost(found.modules)
+    return found
+
+
+def _kinds() -> tuple[tuple[str, tuple[type, ...]], ...]:
+    """The TrainingObjects list each torch class goes to; the caller has checked torch is already imported."""
+    import torch
+
+    lr_scheduler = torch.optim.lr_scheduler
+    return (
+        ("modules", (torch.nn.Module,)),
+        ("optimizers", (torch.optim.Optimizer,)),
+        ("schedulers", (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)),
+        ("scalers", (torch.amp.GradScaler,)),  # torch.cuda.amp.GradScaler is a subclass
+    )
+
+
+def _kind_of(value: object, kinds: tuple[tuple[str, tuple[type, ...]], ...]) -> str | None:
+    try:
+        return next((kind for kind, classes in kinds if isinstance(value, classes)), None)
+    except Exception:  # a proxy whose __class__ raises is not a training object
+        return None
+
+
+def _chain_candidates(*sources: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    for source in sources:
+        yield from source
+
+
+def _with_items(label: str, value: object) -> Iterator[tuple[str, Any]]:
+    """The value itself, then what a dict, list or tuple value holds (one level)."""
+    yield label, value
+    if isinstance(value, dict):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return
+    for count, (key, item) in enumerate(items):
+        if count >= _MAX_CONTAINER_ITEMS:
+            return
+        yield f"{label}[{key!r}]", item
+
+
+def _namespace_candidates(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    for name, value in list(namespace.items()):
+        if isinstance(name, str) and not name.startswith("_") and name not in _HISTORY_NAMES:
+            yield from _with_items(name, value)
+
+
+def _step_candidates(step: Callable[..., Any], namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """What the step reaches directly: partial arguments, bound self and its attributes, closure, globals."""
+    func: Any = step
+    if isinstance(func, functools.partial):
+        name = getattr(func.func, "__name__", "step")
+        for index, arg in enumerate(func.args):
+            yield from _with_items(f"{name} argument {index}", arg)
+        for key, arg in func.keywords.items():
+            yield from _with_items(key, arg)
+        func = func.func
+    if inspect.ismethod(func):
+        yield from _attribute_candidates(func.__self__, namespace)
+        func = func.__func__
+    elif not inspect.isfunction(func):
+        yield from _attribute_candidates(func, namespace)  # a callable object, such as a Trainer instance
+        return
+    yield from _function_candidates(func)
+    unwrapped = inspect.unwrap(func)
+    if unwrapped is not func and inspect.isfunction(unwrapped):
+        yield from _function_candidates(unwrapped)  # a decorated step (functools.wraps): the user's own body
+
+
+def _function_candidates(func: Any) -> Iterator[tuple[str, Any]]:
+    """The function's closure cells and the globals its code names."""
+    code = func.__code__
+    for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False):
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a cell whose variable is not assigned yet
+            continue
+        yield from _with_items(name, contents)
+    referenced_globals = func.__globals__
+    for name in code.co_names:
+        if name in referenced_globals:
+            yield from _with_items(name, referenced_globals[name])
+
+
+def _attribute_candidates(owner: object, namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """The object and its instance attributes (read from __dict__, so no property runs)."""
+    owner_name = next((name for name, value in namespace.items() if value is owner), type(owner).__name__)
+    yield owner_name, owner
+    for name, value in list(getattr(owner, "__dict__", {}).items()):
+        yield from _with_items(f"{owner_name}.{name}", value)
+
+
+def _outermost(modules: list[Any]) -> list[Any]:
+    """Drop every module that is a submodule of another found module: the outer one covers it."""
+    inner = {id(sub) for module in modules for sub in module.modules() if sub is not module}
+    return [module for module in modules if id(module) not in inner]
+
+
+# -- snapshot -----------------------------------------------------------------------------------------------
+
+
+def _layout(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What a `p.data = ...`, `model.half()` or `model.to(...)` in a trial changes while keeping the object."""
+    import torch
+
+    strides = tensor.stride() if tensor.layout == torch.strided else None
+    return (tensor.layout, tensor.shape, strides, tensor.dtype, tensor.device)
+
+
+def _host_nbytes(tensor: torch.Tensor) -> int:
+    import torch
+
+    if tensor.layout == torch.sparse_coo:
+        return _host_nbytes(tensor._indices()) + _host_nbytes(tensor._values())
+    return tensor.numel() * tensor.element_size()
+
+
+class _TensorCopy:
+    """One tensor object and a host copy of its bytes."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.original = tensor
+        self.host = tensor.detach().to("cpu", copy=True)
+        self.layout = _layout(tensor)
+        self.device = tensor.device
+        self.requires_grad = tensor.requires_grad
+
+    def restore(self) -> None:
+        """Copy the bytes back into the original object; the caller holds torch.no_grad()."""
+        tensor = self.original
+        if _layout(tensor) != self.layout:
+            # The trial swapped the storage (p.data = ...): give the object its old storage back, then the bytes.
+            tensor.data = self.host.to(self.device, copy=True)
+        else:
+            tensor.copy_(self.host)
+        if tensor.is_leaf and tensor.requires_grad != self.requires_grad:
+            tensor.requires_grad_(self.requires_grad)
+
+
+class _TensorStore:
+    """The host copies, one per tensor object: tied parameters and state shared by two owners are copied once."""
+
+    def __init__(self) -> None:
+        self._copies: dict[int, _TensorCopy] = {}  # the copy keeps the original alive, so ids are not reused
+
+    def add(self, tensor: torch.Tensor | None) -> None:
+        if tensor is not None and id(tensor) not in self._copies:
+            self._copies[id(tensor)] = _TensorCopy(tensor)
+
+    def restore(self) -> None:
+        for tensor_copy in self._copies.values():
+            tensor_copy.restore()
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(_host_nbytes(tensor_copy.host) for tensor_copy in self._copies.values())
+
+
+def _tensors_in(value: object) -> list[torch.Tensor]:
+    """The tensors in a value, looking through nested dicts (keys too), lists, tuples and sets."""
+    import torch
+
+    found: dict[int, torch.Tensor] = {}
+    visited: set[int] = set()
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, torch.Tensor):
+            found[id(item)] = item
+        elif id(item) in visited:
+            continue
+        elif isinstance(item, dict):
+            visited.add(id(item))
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            visited.add(id(item))
+            pending.extend(item)
+    return list(found.values())
+
+
+class _Frozen:
+    """A deep copy of a value in which tensors (and the `keep` objects) stay the original objects.
+
+    The tensors' bytes go to the store. Each `thaw()` gives a fresh copy, so a value restored once and then
+    mutated by the next trial does not change what the following restore puts back.
+    """
+
+    def __init__(self, value: object, store: _TensorStore, keep: Iterable[object] = ()) -> None:
+        tensors = _tensors_in(value)
+        for tensor in tensors:
+            store.add(tensor)
+        # deepcopy returns memo[id(x)] for anything already in its memo: that is how originals stay themselves.
+        self._memo = {id(obj): obj for obj in [*tensors, *keep]}
+        self._value = copy.deepcopy(value, dict(self._memo))
+
+    def thaw(self) -> Any:
+        return copy.deepcopy(self._value, dict(self._memo))
+
+
+class _Part(Protocol):
+    def restore(self) -> None: ...
+
+
+class _ModuleState:
+    """Which objects sit in every submodule's parameter, buffer and submodule slots, and its train/eval flag."""
+
+    def __init__(self, modules: list[Any], store: _TensorStore) -> None:
+        self._entries: list[tuple[Any, dict[str, dict[str, Any]], bool]] = []
+        seen: set[int] = set()
+        for module in modules:
+            for sub in module.modules():
+                if id(sub) not in seen:
+                    seen.add(id(sub))
+                    self._entries.append(self._capture(sub, store))
+
+    @staticmethod
+    def _capture(module: Any, store: _TensorStore) -> tuple[Any, dict[str, dict[str, Any]], bool]:
+        slots = {slot: dict(getattr(module, slot)) for slot in _MODULE_SLOTS}
+        for slot in ("_parameters", "_buffers"):
+            for tensor in slots[slot].values():
+                store.add(tensor)
+        return module, slots, module.training
+
+    def restore(self) -> None:
+        for module, slots, training in self._entries:
+            for slot, saved in slots.items():
+                live = getattr(module, slot)
+                live.clear()  # rebuilding keeps the dict object and the original order of the entries
+                live.update(saved)
+                for name in saved:
+                    # A trial that deleted a parameter and assigned a plain tensor left it in __dict__.
+                    module.__dict__.pop(name, None)
+            # Set the flag itself: module.train() recurses and may be overridden by the user's class.
+            module.training = training
+
+
+class _GradState:
+    """Which gradient object each parameter had (None included); the bytes are in the store."""
+
+    def __init__(self, params: list[Any], store: _TensorStore) -> None:
+        self._grads = [(param, param.grad) for param in params]
+        for _, grad in self._grads:
+            store.add(grad)
+
+    def restore(self) -> None:
+        # Assigning None drops the gradients a trial created; this needs the parameters' own storage back
+        # first (a gradient must match its parameter), which the store restores before the parts.
+        for param, grad in self._grads:
+            param.grad = grad
+
+
+class _OptimizerState:
+    """An optimizer's per-parameter state dicts, param_groups hyper-parameters and step flags."""
+
+    def __init__(self, optimizer: Any, store: _TensorStore) -> None:
+        self._optimizer = optimizer
+        self._state = optimizer.state
+        self._param_groups = optimizer.param_groups
+        # The "params" list is kept as the same object; everything else in a group is copied.
+        self._groups = [(group, _Frozen(dict(group), store, keep=[group["params"]])) for group in self._param_groups]
+        self._per_param = [(param, entry, _Frozen(dict(entry), store)) for param, entry in self._state.items()]
+        self._flags = {name: optimizer.__dict__[name] for name in _OPTIMIZER_FLAGS if name in optimizer.__dict__}
+
+    def restore(self) -> None:
+        optimizer = self._optimizer
+        # Only when replaced: wrapper optimizers (accelerate's) expose these as properties of an inner optimizer.
+        if optimizer.state is not self._state:
+            optimizer.state = self._state
+        if optimizer.param_groups is not self._param_groups:
+            optimizer.param_groups = self._param_groups
+        self._param_groups[:] = [group for group, _ in self._groups]
+        for group, frozen in self._groups:
+            group.clear()
+            group.update(frozen.thaw())
+        # Clearing drops the state a trial created (Adam's moments for a fresh optimizer) so it can be freed.
+        self._state.clear()
+        for param, entry, frozen in self._per_param:
+            entry.clear()
+            entry.update(frozen.thaw())
+            self._state[param] = entry
+        for name in _OPTIMIZER_FLAGS:
+            if name in self._flags:
+                setattr(optimizer, name, self._flags[name])
+            else:
+                optimizer.__dict__.pop(name, None)
+
+
+class _SchedulerState:
+    """An LR scheduler's state_dict (last_epoch, _step_count, _last_lr, ...)."""
+
+    def __init__(self, scheduler: Any, store: _TensorStore, keep: list[Any]) -> None:
+        self._scheduler = scheduler
+        # state_dict() returns the live attribute values; freezing copies them (tensor learning rates by bytes).
+        # A user's scheduler class may hold a model or optimizer in its __dict__: those stay the same objects.
+        self._frozen = _Frozen(scheduler.state_dict(), store, keep=keep)
+
+    def restore(self) -> None:
+        self._scheduler.load_state_dict(self._frozen.thaw())
+
+
+class _ScalerState:
+    """An AMP GradScaler: its state_dict plus what the state_dict leaves out.
+
+    The state_dict round-trips the scale, growth tracker and factors bitwise (the float32 scale goes through a
+    Python float exactly), but it leaves out two things a failed trial changes: the per-optimizer stage (a
+    trial stopped after `unscale_` would make the user's next `scaler.step` skip unscaling, stepping with
+    gradients multiplied by the scale) and the lazily created scale tensors. A disabled scaler has no state.
+    """
+
+    def __init__(self, scaler: Any, store: _TensorStore) -> None:
+        self._scaler = scaler
+        self._enabled = scaler.is_enabled()
+        if self._enabled:
+            self._state = copy.deepcopy(scaler.state_dict())  # Python floats and ints only
+            self._lazy = {name: scaler.__dict__.get(name) for name in _SCALER_LAZY_TENSORS}
+            self._per_optimizer = _Frozen(scaler.__dict__.get("_per_optimizer_states"), store)
+
+    def restore(self) -> None:
+        if not self._enabled:
+            return
+        scaler = self._scaler
+        for name, tensor in self._lazy.items():
+            setattr(scaler, name, tensor)  # None again if a trial created it, so load_state_dict skips it
+        scaler.load_state_dict(copy.deepcopy(self._state))
+        scaler._per_optimizer_states = self._per_optimizer.thaw()
+
+
+class _RngState:
+    """The CPU, CUDA (and XPU) generators of torch, Python's `random`, and numpy's global generator.
+
+    Generators the user created (torch.Generator, numpy.random.default_rng) are not included.
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self.cpu = torch.get_rng_state()
+        # Reading the CUDA state would initialise CUDA, which breaks forked DataLoader workers later.
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        xpu = getattr(torch, "xpu", None)
+        self.xpu = xpu.get_rng_state_all() if xpu is not None and xpu.is_initialized() else None
+        self.python = random.getstate()
+        numpy_random = sys.modules.get("numpy.random")
+        self.numpy = numpy_random.get_state() if numpy_random is not None else None
+
+    def restore(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        elif torch.cuda.is_initialized():
+            _reset_fresh_cuda_generators()
+        if self.xpu is not None:
+            torch.xpu.set_rng_state_all(self.xpu)
+        random.setstate(self.python)
+        if self.numpy is not None:
+            sys.modules["numpy.random"].set_state(self.numpy)
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(_host_nbytes(state) for state in [self.cpu, *(self.cuda or []), *(self.xpu or [])])
+
+
+def _reset_fresh_cuda_generators() -> None:
+    """A trial initialised CUDA: put its generators back to how lazy initialisation left them.
+
+    A freshly initialised generator is its initial seed at offset 0 (torch.manual_seed before CUDA init is
+    queued and becomes that seed), so reseeding with the same seed gives exactly the state the user's first
+    CUDA random call would have seen.
+    """
+    import torch
+
+    for generator in torch.cuda.default_generators:
+        generator.manual_seed(generator.initial_seed())
+
+
+def _unique_params(objects: TrainingObjects) -> list[Any]:
+    """Every parameter of the modules and of the optimizers' groups (an optimizer may own parameters of a
+    module that was not found), each once."""
+    params: dict[int, Any] = {}
+    for module in objects.modules:
+        for param in module.parameters():
+            params.setdefault(id(param), param)
+    for optimizer in objects.optimizers:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                params.setdefault(id(param), param)
+    return list(params.values())
+
+
+class StateSnapshot:
+    """Everything a trial can change, copied to host memory; `restore()` puts it back bitwise, any number of
+    times, also after a trial that failed half-way."""
+
+    def __init__(self, store: _TensorStore, parts: list[_Part], rng: _RngState) -> None:
+        self._store = store
+        self._parts = parts
+        self._rng = rng
+
+    @classmethod
+    def take(cls, objects: TrainingObjects) -> StateSnapshot:
+        store = _TensorStore()
+        parts: list[_Part] = [
+            _ModuleState(objects.modules, store),
+            _GradState(_unique_params(objects), store),
+            *(_OptimizerState(optimizer, store) for optimizer in objects.optimizers),
+            *(_SchedulerState(scheduler, store, objects.objects()) for scheduler in objects.schedulers),
+            *(_ScalerState(scaler, store) for scaler in objects.scalers),
+        ]
+        return cls(store, parts, _RngState())
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            # Bytes first: putting a gradient back on a parameter needs the parameter's own shape and dtype.
+            self._store.restore()
+            for part in self._parts:
+                part.restore()
+        self._rng.restore()
+
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of host memory the copies take (tensor data and the torch generator states)."""
+        return self._store.host_bytes + self._rng.host_bytes
