@@ -112,7 +112,7 @@ class BatchProbeMagics(Magics):
 
         sizes = options.memory_sizes or [options.max_memory]
         try:
-            estimate = estimate_peaks(step, namespace=self.shell.user_ns, memory_sizes=sizes,
+            estimate = estimate_peaks(step, [], namespace=self.shell.user_ns, memory_sizes=sizes,
                                       margin=options.margin, start=options.start,
                                       maximum=options.maximum or 65536)
         except EstimateError as exc:

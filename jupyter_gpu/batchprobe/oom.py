@@ -128,7 +128,7 @@ def classify(error: BaseException) -> Failure | None:
     if not isinstance(error, Exception):
         return None
     found: Failure | None = None
-    for depth, exception in enumerate(_chain(error)):
+    for depth, exception in enumerate(exception_chain(error)):
         failure = _classify_one(exception, chained=depth > 0)
         if failure is None:
             continue
@@ -150,11 +150,15 @@ def describe(failure: Failure) -> str:
     return f"{failure.kind} ({failure.flavour})"
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    # Depth first, cause before context. `raise X from oom` sets both to the same object; the seen-set both
-    # drops that duplicate and stops on a cycle (an exception can end up in its own context). A context hidden
-    # with `from None` is still walked: that only shortens the printout, the memory still ran out.
-    seen: set[int] = set()
+def exception_chain(error: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
+    """The exception and everything reachable through `__cause__` and `__context__`, each once.
+
+    Depth first, cause before context. `raise X from oom` sets both to the same object; the seen-set both
+    drops that duplicate and stops on a cycle (an exception can end up in its own context). A context hidden
+    with `from None` is still walked: that only shortens the printout, the memory still ran out. Pass the
+    same `seen` to walk several chains without visiting a shared exception twice.
+    """
+    seen = set() if seen is None else seen
     stack = [error]
     while stack:
         exception = stack.pop()

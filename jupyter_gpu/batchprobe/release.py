@@ -17,6 +17,8 @@ import sys
 from types import TracebackType
 from typing import Any
 
+from jupyter_gpu.batchprobe.oom import exception_chain
+
 
 def release_last_error(shell: Any | None) -> int:
     """Clear the locals of the frames the last cell's exception (and the exceptions it chains) keep alive.
@@ -37,8 +39,8 @@ def release_last_error(shell: Any | None) -> int:
     seen_frames: set[int] = set()
     seen_exceptions: set[int] = set()
     cleared = 0
-    for exception in exceptions:
-        for linked in _chain(exception, seen_exceptions):
+    for exception in filter(None, exceptions):
+        for linked in exception_chain(exception, seen_exceptions):
             cleared += _clear_frames(linked.__traceback__, seen_frames)
     for traceback in tracebacks:
         cleared += _clear_frames(traceback, seen_frames)
@@ -56,21 +58,6 @@ def clear_traceback_frames(traceback: TracebackType | None) -> int:
     debugger) has read `f_locals`.
     """
     return _clear_frames(traceback, set())
-
-
-def _chain(exception: BaseException | None, seen: set[int]) -> list[BaseException]:
-    # Every exception reachable through __cause__ and __context__: each has its own traceback, and the one
-    # that ran out of memory is often the context of the one the user saw.
-    found: list[BaseException] = []
-    stack = [exception]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        found.append(current)
-        stack.extend((current.__context__, current.__cause__))
-    return found
 
 
 def _clear_frames(traceback: TracebackType | None, seen: set[int]) -> int:

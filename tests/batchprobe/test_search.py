@@ -1,0 +1,384 @@
+"""The pure batch-size search: exact answers, a verified final trial, few trials, and its helpers."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from jupyter_gpu.batchprobe.search import (
+    BatchSizeSearch,
+    Outcome,
+    memory_line,
+    recommended_size,
+    throughput_knee,
+)
+
+# A step: batch size -> (fitted, measured peak bytes or None).
+Step = Callable[[int], tuple[bool, int | None]]
+Trial = tuple[int, bool, str]
+
+MIB = 1 << 20
+
+
+def run_search(start: int, maximum: int | None, budget: int | None, step: Step) -> tuple[BatchSizeSearch, list[Trial]]:
+    search = BatchSizeSearch(start, maximum, budget)
+    trials: list[Trial] = []
+    while (size := search.next_size()) is not None:
+        assert size >= 1
+        assert maximum is None or size <= maximum
+        fitted, peak = step(size)
+        search.record(size, fitted, peak if fitted else None)
+        trials.append((size, fitted, search.last_step))
+        assert len(trials) <= 80, f"the search does not end: {trials[-10:]}"
+    return search, trials
+
+
+def brute_force_limit(step: Step, maximum: int | None) -> int:
+    """The largest fitting size of a monotone step: walk up in powers of two, then one size at a time down."""
+    size = 1
+    while step(size)[0] and size < 1 << 40:
+        size *= 2
+    largest = size // 2 if size > 1 else 0
+    # Every size below `size` that fits, checked one at a time from the power of two below.
+    candidate = largest
+    while candidate + 1 < size and step(candidate + 1)[0]:
+        candidate += 1
+    return candidate if maximum is None else min(candidate, maximum)
+
+
+def linear(intercept: int, per_sample: int, budget: int) -> Step:
+    return lambda n: (intercept + per_sample * n <= budget, intercept + per_sample * n)
+
+
+def hidden_limit(limit: int, peak: int | None) -> Step:
+    """Out of memory above a hidden size, with a peak that says nothing (flat or unmeasured)."""
+    return lambda n: (n <= limit, peak)
+
+
+def optimizer_bend(intercept: int, per_sample: int, budget: int) -> Step:
+    """Small sizes peak in the optimizer step (batch independent), large ones in the activations."""
+    optimizer_peak = (budget + intercept) // 2
+
+    def step(n: int) -> tuple[bool, int | None]:
+        peak = max(optimizer_peak, intercept + per_sample * n)
+        return peak <= budget, peak
+
+    return step
+
+
+def sublinear(intercept: int, per_sample: int, budget: int) -> Step:
+    def step(n: int) -> tuple[bool, int | None]:
+        peak = intercept + int(per_sample * 40 * math.sqrt(n))
+        return peak <= budget, peak
+
+    return step
+
+
+def superlinear(intercept: int, per_sample: int, budget: int) -> Step:
+    def step(n: int) -> tuple[bool, int | None]:
+        peak = intercept + per_sample * n * n // 64
+        return peak <= budget, peak
+
+    return step
+
+
+def noisy_tiny_slope(intercept: int, per_sample: int, budget: int) -> Step:
+    """3 bytes per sample, rounded up to the allocator's 512-byte blocks: a staircase, mostly flat."""
+    del per_sample
+
+    def step(n: int) -> tuple[bool, int | None]:
+        peak = -(-(intercept + 3 * n) // 512) * 512
+        return peak <= budget, peak
+
+    return step
+
+
+def jittery(intercept: int, per_sample: int, budget: int) -> Step:
+    """Fits by a linear model, but each measured peak carries up to 50 samples' worth of noise."""
+
+    def step(n: int) -> tuple[bool, int | None]:
+        peak = intercept + per_sample * n
+        return peak <= budget, peak + (n * 7919) % (50 * per_sample)
+
+    return step
+
+
+MODELS: dict[str, Callable[[int, int, int], Step]] = {
+    "linear": linear,
+    "flat-peak": lambda a, b, budget: hidden_limit(max(0, (budget - a) // b), 5 * MIB),
+    "unmeasured": lambda a, b, budget: hidden_limit(max(0, (budget - a) // b), None),
+    "optimizer-bend": optimizer_bend,
+    "sqrt": sublinear,
+    "square": superlinear,
+    "noisy-tiny-slope": noisy_tiny_slope,
+    "jittery": jittery,
+}
+
+
+def assert_answer_verified(trials: list[Trial], answer: int) -> None:
+    """The answer ran, and fitted, after the last failure (a failure can leave the allocator fragmented)."""
+    last_failure = max((i for i, (_, fitted, _) in enumerate(trials) if not fitted), default=-1)
+    last_answer_fit = max((i for i, (n, fitted, _) in enumerate(trials) if fitted and n == answer), default=-1)
+    assert last_answer_fit > last_failure, trials
+
+
+def assert_exact(start: int, maximum: int | None, budget: int, step: Step) -> list[Trial]:
+    search, trials = run_search(start, maximum, budget, step)
+    expected = brute_force_limit(step, maximum)
+    assert search.answer == expected, trials
+    assert search.capped == (maximum is not None and expected == maximum)
+    if expected:
+        assert_answer_verified(trials, expected)
+    else:
+        assert not any(fitted for _, fitted, _ in trials)
+    return trials
+
+
+# -- exactness ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("start", [1, 2, 3, 7, 32, 100])
+@pytest.mark.parametrize("limit", [1, 2, 5, 31, 32, 33, 100, 257, 1000, 4097, 65_535, 300_001])
+def test_answer_is_the_largest_size_that_fits(model: str, start: int, limit: int) -> None:
+    intercept, per_sample = 3 * MIB, 4096
+    budget = intercept + per_sample * limit + per_sample // 3
+    assert_exact(start, None, budget, MODELS[model](intercept, per_sample, budget))
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize(("start", "maximum"), [(1, 1), (4, 4), (1, 50), (2, 64), (3, 1000), (8, 9), (16, 100_000)])
+@pytest.mark.parametrize("limit", [0, 3, 9, 50, 63, 64, 65, 999, 5000])
+def test_maximum_caps_the_answer_and_is_reported(model: str, start: int, maximum: int, limit: int) -> None:
+    intercept, per_sample = 3 * MIB, 4096
+    budget = intercept + per_sample * limit + 1
+    assert_exact(start, maximum, budget, MODELS[model](intercept, per_sample, budget))
+
+
+def test_randomised_steps_starts_and_maximums_all_get_the_exact_answer() -> None:
+    rng = random.Random(20240611)
+    for _ in range(1500):
+        model = rng.choice(sorted(MODELS))
+        intercept = rng.choice([0, 1, rng.randint(0, 10**6), rng.randint(10**8, 10**9)])
+        per_sample = rng.choice([1, 7, 4096, rng.randint(1, 10**6)])
+        budget = intercept + per_sample * rng.randint(0, 20_000) + rng.randint(0, per_sample - 1)
+        start = rng.choice([1, 2, 3, 5, 8, 64, 1000])
+        maximum = rng.choice([None, None, start, start + rng.randint(0, 30_000)])
+        assert_exact(start, maximum, budget, MODELS[model](intercept, per_sample, budget))
+
+
+@pytest.mark.parametrize("start", [1, 2, 5, 64, 1024])
+@pytest.mark.parametrize("maximum", [None, 2048])
+def test_nothing_fits_gives_zero_after_trying_size_one(start: int, maximum: int | None) -> None:
+    search, trials = run_search(start, maximum, 10 * MIB, lambda n: (False, None))
+    assert search.answer == 0
+    assert not search.capped
+    assert trials[-1][0] == 1  # it went all the way down before giving up
+    assert all(not fitted for _, fitted, _ in trials)
+
+
+@pytest.mark.parametrize("start", [2, 5, 64, 1000])
+@pytest.mark.parametrize("limit", [1, 2, 3, 17])
+def test_a_start_that_fails_still_finds_smaller_sizes(start: int, limit: int) -> None:
+    if limit >= start:
+        pytest.skip("the start fits")
+    search, trials = run_search(start, None, None, hidden_limit(limit, None))
+    assert trials[0] == (start, False, "start")
+    assert search.answer == limit
+    assert_answer_verified(trials, limit)
+
+
+def test_a_limit_at_the_start_with_the_maximum_there_too_is_one_trial() -> None:
+    search, trials = run_search(8, 8, 10 * MIB, linear(0, 1, 10 * MIB))
+    assert trials == [(8, True, "start")]
+    assert search.answer == 8
+    assert search.capped
+
+
+def test_capped_only_when_the_maximum_is_the_answer() -> None:
+    search, _ = run_search(1, 100, 1000, linear(0, 10, 1000))
+    assert search.answer == 100
+    assert search.capped
+    search, _ = run_search(1, 101, 1000, linear(0, 10, 1000))
+    assert search.answer == 100
+    assert not search.capped
+
+
+# -- verification ------------------------------------------------------------------------------------------
+
+
+def test_a_failure_after_the_answer_makes_the_answer_run_again() -> None:
+    # 2 and 4 fit, then the line points exactly at the limit: the +1 past it fails, so the answer is re-run.
+    search, trials = run_search(2, None, 1000 + 10 * 40, linear(1000, 10, 1000 + 10 * 40))
+    assert search.answer == 40
+    assert trials[-2] == (41, False, trials[-2][2])
+    assert trials[-1] == (40, True, "re-run")
+    assert search.last_step == "re-run"
+
+
+def test_a_bisection_that_ends_on_a_fit_is_not_re_run() -> None:
+    search, trials = run_search(2, None, None, hidden_limit(3, None))
+    assert [n for n, _, _ in trials] == [2, 4, 3]
+    assert search.answer == 3
+    assert search.last_step == "done"
+
+
+# -- trial counts ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("intercept", [0, 1000, 50 * MIB, 1 << 30])
+@pytest.mark.parametrize("per_sample", [1, 37, 4096, 3 * MIB])
+def test_linear_memory_from_two_takes_at_most_six_trials(intercept: int, per_sample: int) -> None:
+    # The intercept is the memory that does not depend on the batch (the model, the optimizer state): the
+    # budget counts absolute bytes, so a big intercept with a small per-sample cost is the usual case.
+    rng = random.Random(intercept * 31 + per_sample)
+    limits = [*range(3, 200), *(rng.randint(200, 100_000) for _ in range(300)), 100_000]
+    for limit in limits:
+        budget = intercept + per_sample * limit + rng.randint(0, per_sample - 1)
+        search, trials = run_search(2, None, budget, linear(intercept, per_sample, budget))
+        assert search.answer == limit
+        assert len(trials) <= 6, (limit, trials)
+
+
+def doubling_then_bisection(start: int, limit: int) -> int:
+    """Trials of Lightning's binsearch mode (scale_batch_size): double until a failure, then halve the bracket."""
+    low, high, size, trials = 0, None, start, 0
+    while True:
+        trials += 1
+        if size <= limit:
+            low = size
+            if high is None:
+                size *= 2
+                continue
+        else:
+            high = size
+        if high - low <= 1:
+            return trials
+        size = (low + high) // 2
+
+
+@pytest.mark.parametrize("start", [1, 2, 3, 5, 16, 100])
+@pytest.mark.parametrize("peak", [None, 5 * MIB])
+def test_a_flat_peak_searches_no_more_than_doubling_then_bisection(start: int, peak: int | None) -> None:
+    for limit in [*range(start, start + 600), 4095, 4096, 65_537, 1_000_003]:
+        search, trials = run_search(start, None, 10 * MIB, hidden_limit(limit, peak))
+        assert search.answer == limit
+        reference = doubling_then_bisection(start, limit)
+        searching = len(trials) - (1 if trials[-1][2] == "re-run" else 0)
+        assert searching <= reference, (limit, trials, reference)
+        assert len(trials) <= reference + 1
+
+
+def test_the_reference_search_counts_its_trials() -> None:
+    # 2 fits, 4 fits, 8 fails, 6 fits, 7 fails: five trials, as Lightning would run them.
+    assert doubling_then_bisection(2, 6) == 5
+    assert doubling_then_bisection(1, 1) == 2  # 1 fits, 2 fails
+
+
+# -- memory_line -------------------------------------------------------------------------------------------
+
+
+def test_memory_line_goes_through_the_two_largest_fitted_points() -> None:
+    outcomes = [
+        Outcome(2, True, 900),  # the optimizer step's peak: off the line
+        Outcome(8, True, 1000 + 8 * 10),
+        Outcome(16, True, 1000 + 16 * 10),
+        Outcome(64, False),
+    ]
+    assert memory_line(outcomes) == (1000, 10)
+
+
+def test_memory_line_ignores_sizes_at_or_above_below() -> None:
+    outcomes = [Outcome(4, True, 140), Outcome(8, True, 180), Outcome(16, True, 100_000)]
+    assert memory_line(outcomes, below=16) == (100, 10)
+
+
+def test_memory_line_takes_the_latest_measurement_of_a_size() -> None:
+    outcomes = [Outcome(4, True, 140), Outcome(8, True, 999), Outcome(8, True, 180)]
+    assert memory_line(outcomes) == (100, 10)
+
+
+@pytest.mark.parametrize(
+    "outcomes",
+    [
+        [Outcome(4, True, 500), Outcome(8, True, 500)],
+        [Outcome(4, True, 500), Outcome(8, True, 400)],
+        [Outcome(4, True, 500)],
+        [Outcome(4, True, 500), Outcome(8, True, None)],
+        [Outcome(4, True, 500), Outcome(8, False, None)],
+        [],
+    ],
+    ids=["flat", "decreasing", "one-point", "unmeasured", "failed", "empty"],
+)
+def test_memory_line_is_none_without_growth(outcomes: list[Outcome]) -> None:
+    assert memory_line(outcomes) is None
+
+
+# -- recommended_size --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("margin", [0.05, 0.1, 0.2, 0.5])
+@pytest.mark.parametrize(("intercept", "per_sample"), [(0, 1000), (300 * MIB, 2 * MIB), (7, 3)])
+def test_recommended_size_leaves_the_margin_free(margin: float, intercept: int, per_sample: int) -> None:
+    budget = intercept + per_sample * 1000
+    step = linear(intercept, per_sample, budget)
+    search, _ = run_search(2, None, budget, step)
+    assert search.answer == 1000
+    recommended = recommended_size(search.outcomes, search.answer, budget, margin)
+    assert 1 <= recommended < search.answer
+    assert intercept + per_sample * recommended <= (1 - margin) * budget
+    assert intercept + per_sample * (recommended + 1) > (1 - margin) * budget
+
+
+def test_recommended_size_falls_back_to_the_margin_of_the_size() -> None:
+    search, _ = run_search(1, None, 10 * MIB, hidden_limit(200, 5 * MIB))
+    assert recommended_size(search.outcomes, search.answer, 10 * MIB, 0.1) == 180
+    assert recommended_size(search.outcomes, search.answer, None, 0.25) == 150
+    assert recommended_size([], 1, None, 0.5) == 1  # never below one sample
+
+
+def test_recommended_size_never_exceeds_the_answer() -> None:
+    # A capped search: the line says far more would fit than --max allows.
+    search, _ = run_search(1, 64, 10**9, linear(0, 10, 10**9))
+    assert search.capped
+    assert recommended_size(search.outcomes, search.answer, 10**9, 0.1) == 64
+
+
+def test_recommended_size_of_nothing_is_zero() -> None:
+    assert recommended_size([Outcome(1, False)], 0, 1000, 0.1) == 0
+
+
+# -- throughput_knee ---------------------------------------------------------------------------------------
+
+
+def test_throughput_knee_is_the_smallest_size_near_the_best_rate() -> None:
+    points = [(8, 500.0), (16, 900.0), (32, 960.0), (64, 1000.0), (128, 990.0)]
+    assert throughput_knee(points) == 32  # 960 >= 0.95 · 1000, 900 is not
+    assert throughput_knee(points, within=0.9) == 16
+    assert throughput_knee(points, within=1.0) == 64
+
+
+def test_throughput_knee_does_not_depend_on_order() -> None:
+    points = [(128, 990.0), (8, 500.0), (64, 1000.0), (32, 960.0), (16, 900.0)]
+    assert throughput_knee(points) == 32
+
+
+@pytest.mark.parametrize("points", [[], [(32, 100.0)], [(8, 0.0), (16, 0.0)]])
+def test_throughput_knee_needs_two_points_with_a_rate(points: list[tuple[int, float]]) -> None:
+    assert throughput_knee(points) is None
+
+
+# -- construction ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("start", "maximum"), [(0, None), (-3, None), (0, 10), (8, 4), (2, 1)])
+def test_bad_construction_raises(start: int, maximum: int | None) -> None:
+    with pytest.raises(ValueError):
+        BatchSizeSearch(start, maximum)
+
+
+def test_maximum_equal_to_start_is_allowed() -> None:
+    assert BatchSizeSearch(4, 4).next_size() == 4
