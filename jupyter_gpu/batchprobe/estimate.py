@@ -151,6 +151,8 @@ def _line(points: dict[int, int]) -> tuple[float, float] | None:
 
 def _largest_fit(budget: int, peak_at: Callable[[int], int], points: dict[int, int], maximum: int) -> int:
     """The largest size whose peak fits `budget`, assuming the peak grows with the size; 0 when 1 does not."""
+    if budget <= 0:  # the memory size is all reserve: nothing fits, and nothing needs evaluating
+        return 0
     rounds = 0
     while True:
         fitting = [size for size, peak in points.items() if peak <= budget]

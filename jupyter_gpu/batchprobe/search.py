@@ -125,9 +125,11 @@ class BatchSizeSearch:
                 return self._clamp(max(min(limit, lo * UNCONFIRMED_JUMP), lo + 1)), "approach"
             # Below the limit after a prediction that fitted: the line may be too steep (memory growing
             # slower than linearly), so move at least +1, +2, +4, … to rule out a crawl.
+            # Try one past the predicted limit first: when it fails, the limit itself runs next, after the
+            # failure, so it needs no re-run.
             streak = self._streak("predict", fitted=True)
             least = lo + (1 << (streak - 1)) if streak else lo + 1
-            return self._clamp(max(limit, least)), "predict"
+            return self._clamp(max(limit + 1, least)), "predict"
         assert upper is not None
         last = self.outcomes[-1]
         if not last.fitted:
@@ -137,7 +139,7 @@ class BatchSizeSearch:
         # A new fitted size moved the line: trust it inside the bracket, but not twice in a row without
         # failing (a crawl), and not when it points past a size that already failed (the line is off).
         if limit is not None and limit < upper and self._streak("predict", fitted=True) < 2:
-            return max(limit, lo + 1), "predict"
+            return min(max(limit + 1, lo + 1), upper - 1), "predict"  # one past the limit first, as above
         return (lo + upper) // 2, "bisect"
 
     def _streak(self, how: str, fitted: bool) -> int:
@@ -151,7 +153,7 @@ class BatchSizeSearch:
 
     def _line_confirmed(self) -> bool:
         """A third fitted size lies on the line through the two largest (within 5% of their growth), and the
-        peaks grew by at least MIN_GROWTH: three equal peaks are collinear too, but say nothing."""
+        peaks grew by at least MIN_GROWTH of the largest peak (a line of near-equal peaks says nothing)."""
         points = _fitted_peaks(self.outcomes, self.upper)
         if len(points) < 3:
             return False
@@ -159,6 +161,10 @@ class BatchSizeSearch:
         per_sample = (large_peak - small_peak) / (large - small)
         expected = small_peak - per_sample * (small - third)
         growth = large_peak - third_peak
+        # Growth is measured against the whole peak on purpose. Small sizes often peak in optimizer.step, where
+        # only the batch's inputs grow: three such peaks are collinear too, with a slope that is a fraction of
+        # the activations' and a limit far too high. When the model's own memory dwarfs the growth, the line
+        # may well be right, but a wrong jump costs a long bisection and an 8x approach only a trial or two.
         return growth >= MIN_GROWTH * large_peak and abs(expected - third_peak) <= LINE_TOLERANCE * growth
 
     def _predicted_limit(self) -> int | None:

@@ -37,16 +37,16 @@ def run_search(start: int, maximum: int | None, budget: int | None, step: Step) 
 
 
 def brute_force_limit(step: Step, maximum: int | None) -> int:
-    """The largest fitting size of a monotone step: walk up in powers of two, then one size at a time down."""
-    size = 1
-    while step(size)[0] and size < 1 << 40:
-        size *= 2
-    largest = size // 2 if size > 1 else 0
-    # Every size below `size` that fits, checked one at a time from the power of two below.
-    candidate = largest
-    while candidate + 1 < size and step(candidate + 1)[0]:
-        candidate += 1
-    return candidate if maximum is None else min(candidate, maximum)
+    """The largest fitting size of a monotone step, checked by its definition: it fits and one more does not."""
+    low, high = 0, 1
+    while step(high)[0]:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if step(middle)[0] else (low, middle)
+    assert low == 0 or step(low)[0]
+    assert not step(low + 1)[0]
+    return low if maximum is None else min(low, maximum)
 
 
 def linear(intercept: int, per_sample: int, budget: int) -> Step:
@@ -180,11 +180,10 @@ def test_nothing_fits_gives_zero_after_trying_size_one(start: int, maximum: int 
     assert all(not fitted for _, fitted, _ in trials)
 
 
-@pytest.mark.parametrize("start", [2, 5, 64, 1000])
-@pytest.mark.parametrize("limit", [1, 2, 3, 17])
+@pytest.mark.parametrize(
+    ("start", "limit"), [(2, 1), (5, 1), (5, 2), (5, 3), (5, 4), (64, 1), (64, 17), (64, 63), (1000, 2), (1000, 999)]
+)
 def test_a_start_that_fails_still_finds_smaller_sizes(start: int, limit: int) -> None:
-    if limit >= start:
-        pytest.skip("the start fits")
     search, trials = run_search(start, None, None, hidden_limit(limit, None))
     assert trials[0] == (start, False, "start")
     assert search.answer == limit
@@ -211,12 +210,12 @@ def test_capped_only_when_the_maximum_is_the_answer() -> None:
 
 
 def test_a_failure_after_the_answer_makes_the_answer_run_again() -> None:
-    # 2 and 4 fit, then the line points exactly at the limit: the +1 past it fails, so the answer is re-run.
-    search, trials = run_search(2, None, 1000 + 10 * 40, linear(1000, 10, 1000 + 10 * 40))
-    assert search.answer == 40
-    assert trials[-2] == (41, False, trials[-2][2])
-    assert trials[-1] == (40, True, "re-run")
-    assert search.last_step == "re-run"
+    # 2 and 4 fit, the line points exactly at 20, which fits; 21 fails, so 20 is run once more after it.
+    search, trials = run_search(2, None, 1000 + 10 * 20, linear(1000, 10, 1000 + 10 * 20))
+    assert search.answer == 20
+    assert [(n, fitted) for n, fitted, _ in trials] == [(2, True), (4, True), (20, True), (21, False), (20, True)]
+    assert trials[-1][2] == "re-run"
+    assert search.last_step == "done"
 
 
 def test_a_bisection_that_ends_on_a_fit_is_not_re_run() -> None:
@@ -233,14 +232,31 @@ def test_a_bisection_that_ends_on_a_fit_is_not_re_run() -> None:
 @pytest.mark.parametrize("per_sample", [1, 37, 4096, 3 * MIB])
 def test_linear_memory_from_two_takes_at_most_six_trials(intercept: int, per_sample: int) -> None:
     # The intercept is the memory that does not depend on the batch (the model, the optimizer state): the
-    # budget counts absolute bytes, so a big intercept with a small per-sample cost is the usual case.
+    # budget counts absolute bytes. When the first sizes' growth is under 10% of the peak, the search cannot
+    # tell a dominant model from an optimizer-step peak (where only the inputs grow, see the flat-start test)
+    # and approaches 8x at a time instead of jumping: one more trial per factor of 8 above 32, by design.
     rng = random.Random(intercept * 31 + per_sample)
     limits = [*range(3, 200), *(rng.randint(200, 100_000) for _ in range(300)), 100_000]
+    growth = per_sample * 30 / (intercept + per_sample * 32)
     for limit in limits:
         budget = intercept + per_sample * limit + rng.randint(0, per_sample - 1)
         search, trials = run_search(2, None, budget, linear(intercept, per_sample, budget))
         assert search.answer == limit
-        assert len(trials) <= 6, (limit, trials)
+        approach_steps = 0 if growth >= 0.1 else math.ceil(math.log(max(limit / 32, 1), 8))
+        assert len(trials) <= 6 + approach_steps, (limit, trials)
+
+
+def test_an_optimizer_step_peak_at_small_sizes_does_not_send_the_search_to_the_maximum() -> None:
+    # Small sizes peak in optimizer.step (flat, only the inputs grow, 264 B per sample here); activations
+    # (4.3 KiB per sample) take over later. The inputs' tiny slope must not be taken for the memory line.
+    def peak(size: int) -> int:
+        return max(1_800_000 + 264 * size, 1_006_000 + 4_400 * size)
+
+    budget = 32 * MIB
+    search, trials = run_search(2, 65536, budget, lambda size: (peak(size) <= budget, peak(size)))
+    assert search.answer == (budget - 1_006_000) // 4_400
+    assert max(n for n, _, _ in trials) < 4 * search.answer, trials
+    assert len(trials) <= 10, trials
 
 
 def doubling_then_bisection(start: int, limit: int) -> int:
