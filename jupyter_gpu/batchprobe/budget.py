@@ -135,9 +135,9 @@ class AllocatorBudget:
 
     accounting = "CUDA caching allocator"
 
-    def __init__(self, torch: Any, limit_bytes: int | None = None) -> None:
+    def __init__(self, torch: Any, limit_bytes: int | None = None, index: int | None = None) -> None:
         self._cuda = torch.cuda
-        index = self._cuda.current_device()
+        index = self._cuda.current_device() if index is None else index
         self.device = f"cuda:{index}"
         self._index = index
         self._cuda.empty_cache()

@@ -76,7 +76,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     started = time.perf_counter()
     release_last_error(shell)  # an OOM in an earlier cell may still hold its tensors
     objects = find_training_objects(namespace or {}, step)
-    budget = _budget_for(torch, request.max_memory)
+    budget = _budget_for(torch, request.max_memory, _device_of(objects.modules))
     notes: list[str] = []
     try:
         gc.collect()
@@ -109,13 +109,24 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
                    snapshot_bytes, time.perf_counter() - started)
 
 
-def _budget_for(torch: Any, max_memory: int | None, device_type: str | None = None) -> Budget:
-    if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
+def _device_of(modules: list[Any]) -> Any:
+    """Where the model lives decides what to count; None when no model was found (the step decides)."""
+    for module in modules:
+        for parameter in module.parameters():
+            return parameter.device
+    return None
+
+
+def _budget_for(torch: Any, max_memory: int | None, device: Any) -> Budget:
+    if device is None:
+        # No model to go by: a kernel that already uses CUDA most likely probes a CUDA step. If the step's
+        # tensors turn out to live elsewhere, the first trial says so and the probe starts again there.
+        device = torch.device("cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu")
+    device = torch.device(device)
     try:
-        if device_type == "cuda":
-            return AllocatorBudget(torch, max_memory)
-        return TensorBudget(torch, device_type, max_memory)
+        if device.type == "cuda":
+            return AllocatorBudget(torch, max_memory, device.index)
+        return TensorBudget(torch, device.type, max_memory)
     except BudgetError as exc:
         raise ProbeError(str(exc)) from None
 

@@ -9,7 +9,7 @@ import io
 from html import escape
 from typing import Any
 
-from jupyter_gpu.batchprobe.result import BatchProbeResult, Trial
+from jupyter_gpu.batchprobe.result import RECOMMEND, VERIFY, BatchProbeResult, Trial
 from jupyter_gpu.render import COLOUR
 from jupyter_gpu.units import format_bytes, format_seconds
 
@@ -37,9 +37,11 @@ def summary_rows(result: BatchProbeResult) -> list[tuple[str, str]]:
     if result.memory_model is not None:
         intercept, per_sample = result.memory_model
         rows.append(("memory model", f"peak ≈ {format_bytes(intercept)} + {format_bytes(per_sample)} per sample"))
-    extra = len(result.trials) - result.search_trials
+    reruns = sum(1 for t in result.trials if t.purpose == VERIFY)
+    recommendation = sum(1 for t in result.trials if t.purpose == RECOMMEND)
     rows.append(("search", f"{result.search_trials} trials to find the limit"
-                           + (f" + {extra} to verify and measure the recommendation" if extra else "")
+                           + (f" + {reruns} re-run of the answer after a failure" if reruns else "")
+                           + (" + 1 at the recommended size" if recommendation else "")
                            + f", {result.steps} step{'s' if result.steps != 1 else ''} each"
                            + (f", autocast {result.amp}" if result.amp else "")
                            + f", {format_seconds(result.seconds)} in all"))

@@ -119,14 +119,13 @@ class BatchSizeSearch:
         if self.lowest_failure is None:
             if limit is None:
                 return self._clamp(lo * 2), "double"
-            if not self._line_confirmed():
+            if limit + 1 > lo * UNCONFIRMED_JUMP and not self._line_confirmed():
                 # Two points can straddle a bend (small sizes often peak in the optimizer step, where the
                 # batch barely matters): approach by at most UNCONFIRMED_JUMP times, measuring on the way.
-                return self._clamp(max(min(limit, lo * UNCONFIRMED_JUMP), lo + 1)), "approach"
-            # Below the limit after a prediction that fitted: the line may be too steep (memory growing
-            # slower than linearly), so move at least +1, +2, +4, … to rule out a crawl.
+                return self._clamp(lo * UNCONFIRMED_JUMP), "approach"
             # Try one past the predicted limit first: when it fails, the limit itself runs next, after the
-            # failure, so it needs no re-run.
+            # failure, so it needs no re-run. Below the limit after a prediction that fitted, the line may be
+            # too steep (memory growing slower than linearly), so move at least +1, +2, +4, … (no crawl).
             streak = self._streak("predict", fitted=True)
             least = lo + (1 << (streak - 1)) if streak else lo + 1
             return self._clamp(max(limit + 1, least)), "predict"
@@ -152,20 +151,29 @@ class BatchSizeSearch:
         return count
 
     def _line_confirmed(self) -> bool:
-        """A third fitted size lies on the line through the two largest (within 5% of their growth), and the
-        peaks grew by at least MIN_GROWTH of the largest peak (a line of near-equal peaks says nothing)."""
+        """Whether a third fitted size backs the line through the two largest.
+
+        It does when the step from the third to the middle size grew at least half as much as the line says
+        (so the middle size is on the line, not on a plateau below it) and the third lies on or above the line
+        (a plateau, such as an optimizer-step peak at small sizes, sits above it; so does the exact line). And
+        the peaks must have grown by MIN_GROWTH of the largest peak at all.
+        """
         points = _fitted_peaks(self.outcomes, self.upper)
         if len(points) < 3:
             return False
         (third, third_peak), (small, small_peak), (large, large_peak) = sorted(points.items())[-3:]
         per_sample = (large_peak - small_peak) / (large - small)
-        expected = small_peak - per_sample * (small - third)
+        if per_sample <= 0:
+            return False
+        on_line_at_third = small_peak - per_sample * (small - third)
         growth = large_peak - third_peak
         # Growth is measured against the whole peak on purpose. Small sizes often peak in optimizer.step, where
         # only the batch's inputs grow: three such peaks are collinear too, with a slope that is a fraction of
         # the activations' and a limit far too high. When the model's own memory dwarfs the growth, the line
         # may well be right, but a wrong jump costs a long bisection and an 8x approach only a trial or two.
-        return growth >= MIN_GROWTH * large_peak and abs(expected - third_peak) <= LINE_TOLERANCE * growth
+        return (growth >= MIN_GROWTH * large_peak
+                and small_peak - third_peak >= 0.5 * per_sample * (small - third)
+                and third_peak >= on_line_at_third - LINE_TOLERANCE * growth)
 
     def _predicted_limit(self) -> int | None:
         """The largest size the memory line says fits the budget (None: no line, or no budget)."""

@@ -210,11 +210,20 @@ def test_capped_only_when_the_maximum_is_the_answer() -> None:
 
 
 def test_a_failure_after_the_answer_makes_the_answer_run_again() -> None:
-    # 2 and 4 fit, the line points exactly at 20, which fits; 21 fails, so 20 is run once more after it.
+    # Doubling to 8 fails, bisection finds 6, then 7 fails: 6 last ran before a failure, so it runs once more.
+    search, trials = run_search(2, None, None, hidden_limit(6, None))
+    assert search.answer == 6
+    assert [(n, fitted) for n, fitted, _ in trials] == [(2, True), (4, True), (8, False), (6, True), (7, False),
+                                                         (6, True)]
+    assert trials[-1][2] == "re-run"
+    assert search.last_step == "done"
+
+
+def test_a_predicted_limit_is_approached_from_one_above_so_it_needs_no_re_run() -> None:
+    # 2 and 4 fit and the line points exactly at 20: 21 is tried first, fails, and 20 then runs after it.
     search, trials = run_search(2, None, 1000 + 10 * 20, linear(1000, 10, 1000 + 10 * 20))
     assert search.answer == 20
-    assert [(n, fitted) for n, fitted, _ in trials] == [(2, True), (4, True), (20, True), (21, False), (20, True)]
-    assert trials[-1][2] == "re-run"
+    assert [(n, fitted) for n, fitted, _ in trials] == [(2, True), (4, True), (21, False), (20, True)]
     assert search.last_step == "done"
 
 
