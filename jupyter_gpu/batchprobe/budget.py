@@ -49,28 +49,21 @@ class Budget(Protocol):
     def close(self) -> None: ...
 
 
-class TensorBudget:
-    """Counts live tensor storages on one device type; raises torch's OutOfMemoryError past the limit."""
+class StorageCounter:
+    """Counts the storages live tensors hold on one device type; raises torch's OutOfMemoryError past a limit.
 
-    accounting = "live tensor bytes"
+    Storages are counted when an operator creates them (inside `trial()`) or when `track` is given one that
+    already exists, and drop out through a weak reference to the storage when they are freed.
+    """
 
-    def __init__(self, torch: Any, device_type: str = "cpu", limit_bytes: int | None = None) -> None:
+    def __init__(self, torch: Any, device_type: str, limit_bytes: int | None = None, baseline: int = 0) -> None:
         self._torch = torch
         self.device = device_type
+        self.limit_bytes = limit_bytes
+        self.baseline = baseline
         self.devices_seen: set[str] = set()
-        self.baseline = live_tensor_bytes(torch, device_type)
-        if limit_bytes is None:
-            free = _free_memory(torch, device_type)
-            if free is None:
-                raise BudgetError(f"jupyter-gpu cannot read how much {device_type.upper()} memory is free; "
-                                  "give the budget with --max-memory, e.g. --max-memory 6GiB.")
-            self.limit_bytes = self.baseline + free
-            self.source = f"free {device_type.upper()} memory"
-        else:
-            self.limit_bytes = limit_bytes
-            self.source = "--max-memory"
-        self.live = self.baseline
-        self.peak_bytes = self.baseline
+        self.live = baseline
+        self.peak_bytes = baseline
         self._storages: dict[int, weakref.ref] = {}
         self._mode_class = _budget_mode_class(torch)
 
@@ -81,19 +74,12 @@ class TensorBudget:
     def peak(self) -> Peak:
         return Peak(self.peak_bytes)
 
-    def in_use(self) -> int:
-        return live_tensor_bytes(self._torch, self.device)
-
-    def release_cache(self) -> None:
-        return None  # no allocator cache: freed storages are gone already
-
-    def synchronize(self) -> None:
-        sync = getattr(getattr(self._torch, self.device, None), "synchronize", None)
-        if self.device != "cpu" and callable(sync):
-            sync()
-
     def close(self) -> None:
         self._storages.clear()  # the weak-reference callbacks must not outlive the probe
+
+    def track(self, tensor: Any) -> None:
+        """Count a storage that exists before the trial (a swapped-in parameter, gradient or state)."""
+        self._add(tensor.untyped_storage())
 
     # Called by the dispatch mode for every operator's outputs.
     def record(self, func: Any, out: Any) -> None:
@@ -112,22 +98,61 @@ class TensorBudget:
                 storage = tensor.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):
                 continue  # sparse and some subclass tensors have no plain storage to measure
-            key = id(storage)
-            if key in self._storages and self._storages[key]() is storage:
-                continue
-            size = storage.nbytes()
-            self._storages[key] = weakref.ref(storage, self._freed(key, size))
-            self.live += size
-            self.peak_bytes = max(self.peak_bytes, self.live)
-            if self.live > self.limit_bytes:
+            size = self._add(storage)
+            if size and self.limit_bytes is not None and self.live > self.limit_bytes:
                 raise self._torch.OutOfMemoryError(
                     budget_message(self.device.upper(), size, self.live - size, self.limit_bytes))
+
+    def _add(self, storage: Any) -> int:
+        """Count a storage once (tied parameters, views of one buffer); returns the bytes added."""
+        key = id(storage)
+        if key in self._storages and self._storages[key]() is storage:
+            return 0
+        size = storage.nbytes()
+        self._storages[key] = weakref.ref(storage, self._freed(key, size))
+        self.live += size
+        self.peak_bytes = max(self.peak_bytes, self.live)
+        return size
 
     def _freed(self, key: int, size: int) -> Any:
         def freed(_: Any) -> None:
             self.live -= size
             self._storages.pop(key, None)
         return freed
+
+
+class TensorBudget(StorageCounter):
+    """The memory budget on the CPU (or any device without allocator statistics), counted from live tensors.
+
+    The baseline is every tensor already alive on the device: the budget is absolute, as on a real card.
+    """
+
+    accounting = "live tensor bytes"
+
+    def __init__(self, torch: Any, device_type: str = "cpu", limit_bytes: int | None = None) -> None:
+        baseline = live_tensor_bytes(torch, device_type)
+        if limit_bytes is None:
+            free = _free_memory(torch, device_type)
+            if free is None:
+                raise BudgetError(f"jupyter-gpu cannot read how much {device_type.upper()} memory is free; "
+                                  "give the budget with --max-memory, e.g. --max-memory 6GiB.")
+            limit_bytes = baseline + free
+            self.source = f"free {device_type.upper()} memory"
+        else:
+            self.source = "--max-memory"
+        super().__init__(torch, device_type, limit_bytes, baseline)
+        self.limit_bytes: int = limit_bytes
+
+    def in_use(self) -> int:
+        return live_tensor_bytes(self._torch, self.device)
+
+    def release_cache(self) -> None:
+        return None  # no allocator cache: freed storages are gone already
+
+    def synchronize(self) -> None:
+        sync = getattr(getattr(self._torch, self.device, None), "synchronize", None)
+        if self.device != "cpu" and callable(sync):
+            sync()
 
 
 class AllocatorBudget:
@@ -236,7 +261,7 @@ def _budget_mode_class(torch: Any) -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class BudgetMode(TorchDispatchMode):
-        def __init__(self, budget: TensorBudget) -> None:
+        def __init__(self, budget: StorageCounter) -> None:
             super().__init__()
             self.budget = budget
 

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import copy
 import time
-import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from html import escape
 from typing import Any, ClassVar
 
-from jupyter_gpu.batchprobe.budget import TensorBudget, _budget_mode_class
+from jupyter_gpu.batchprobe.budget import StorageCounter
 from jupyter_gpu.batchprobe.search import Outcome, memory_line
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.models import RichResult
@@ -218,36 +217,13 @@ def _evaluate(torch: Any, step: Callable[[int], Any], size: int, objects: Traini
         counter.close()
 
 
-class _FakeCounter(TensorBudget):
-    """TensorBudget's storage counting, for fake tensors: no baseline scan, no limit, and the device guard.
+class _FakeCounter(StorageCounter):
+    """Storage counting for fake tensors: no baseline (every counted storage is a fake we registered), no
+    limit (it applies to the prediction, not the run), and the device guard."""
 
-    TensorBudget's constructor scans every real tensor in the process (gc) for a baseline and reads the free
-    host memory; neither means anything here, where every counted storage is fake and registered by us.
-    """
-
-    def __init__(self, torch: Any, device_type: str) -> None:  # not super(): see the class docstring
-        self._torch = torch
-        self.device = device_type
-        self.devices_seen: set[str] = set()
-        self.baseline = 0
-        self.limit_bytes = 1 << 62  # never reached: the limit is applied to the prediction, not the run
-        self.source = "fake tensors"
-        self.live = 0
-        self.peak_bytes = 0
-        self._storages: dict[int, weakref.ref] = {}
-        self._mode_class = _budget_mode_class(torch)
+    def __init__(self, torch: Any, device_type: str) -> None:
+        super().__init__(torch, device_type)
         self.refused: EstimateError | None = None
-
-    def track(self, tensor: Any) -> None:
-        """Count a storage that exists before the step (a fake parameter, gradient or optimizer state)."""
-        storage = tensor.untyped_storage()
-        key = id(storage)
-        if key in self._storages and self._storages[key]() is storage:
-            return  # tied parameters, views of one buffer
-        size = storage.nbytes()
-        self._storages[key] = weakref.ref(storage, self._freed(key, size))
-        self.live += size
-        self.peak_bytes = max(self.peak_bytes, self.live)
 
     def record(self, func: Any, out: Any) -> None:
         # Checked on the forward op's output, before autograd can record it: on a build without CUDA, the

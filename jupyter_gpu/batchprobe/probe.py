@@ -159,10 +159,9 @@ class _Runner:
         try:
             while (size := self.search.next_size()) is not None:
                 how = self.search.last_step
-                trial = self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
+                self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
                 if self.switch_to is not None:
                     return
-                self.search.record(size, trial.fitted, trial.peak_bytes if trial.fitted else None)
             self.recommended = self._recommend()
         except KeyboardInterrupt:
             self.interrupted = True
@@ -215,7 +214,9 @@ class _Runner:
         self._note_other_device()
         trial = _trial_record(size, purpose, how, failure, peak, times, time.perf_counter() - started)
         self.trials.append(trial)
-        self._show(_progress_line(trial, self.search, self.budget.limit_bytes))
+        if purpose != RECOMMEND and self.switch_to is None:
+            self.search.record(size, trial.fitted, trial.peak_bytes if trial.fitted else None)
+        self._show(_progress_line(len(self.trials), trial, self.search, self.budget.limit_bytes))
         return trial
 
     def _autocast(self) -> Any:
@@ -251,14 +252,13 @@ def _trial_record(size: int, purpose: str, how: str, failure: Any, peak: Any, ti
         steps_run=len(times), seconds=seconds)
 
 
-def _progress_line(trial: Trial, search: BatchSizeSearch, budget: int) -> str:
+def _progress_line(number: int, trial: Trial, search: BatchSizeSearch, budget: int) -> str:
     verdict = (f"fits, peak {format_bytes(trial.peak_bytes)} of {format_bytes(budget)}" if trial.fitted
                else f"does not fit: {trial.failure}")
     known = f"fits ≤ {search.largest_fit or '—'}"
-    lowest = search.lowest_failure
-    if lowest is not None or not trial.fitted:
-        known += f", fails ≥ {min(filter(None, (lowest, None if trial.fitted else trial.batch_size)))}"
-    return f"trial {len(search.outcomes) + 1}: batch {trial.batch_size} {verdict}  │ {known}"
+    if search.lowest_failure is not None:
+        known += f", fails ≥ {search.lowest_failure}"
+    return f"trial {number}: batch {trial.batch_size} {verdict}  │ {known}"
 
 
 def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: list[str], notes: list[str],

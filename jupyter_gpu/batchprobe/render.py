@@ -55,7 +55,8 @@ def trial_rows(result: BatchProbeResult) -> list[tuple[str, ...]]:
     """One row per batch size (its last trial), ascending: the table, and the text plot."""
     latest: dict[int, Trial] = {}
     for trial in result.trials:
-        latest[trial.batch_size] = trial if trial.fitted or trial.batch_size not in latest else latest[trial.batch_size]
+        if trial.fitted or trial.batch_size not in latest:  # a size that ever fitted shows its fitted run
+            latest[trial.batch_size] = trial
     best_rate = max((t.samples_per_second or 0.0 for t in latest.values()), default=0.0)
     rows = []
     for size in sorted(latest):
@@ -72,9 +73,7 @@ def trial_rows(result: BatchProbeResult) -> list[tuple[str, ...]]:
     return rows
 
 
-TABLE_HEADINGS = ("batch", "fits", "peak memory", f"of {'budget':<{BAR_WIDTH - 3}}", "step", "samples/s",
-                  "", "")
-HTML_HEADINGS = ("batch", "fits", "peak memory", "of budget", "step", "samples/s", "", "")
+TABLE_HEADINGS = ("batch", "fits", "peak memory", "of budget", "step", "samples/s", "", "")
 
 
 def render_text(result: BatchProbeResult) -> str:
@@ -108,7 +107,7 @@ def render_html(result: BatchProbeResult) -> str:
     parts.extend(f'<tr><td style="text-align:left;opacity:.75;padding-right:1em">{escape(heading)}</td>'
                  f'<td style="text-align:left">{escape(text)}</td></tr>' for heading, text in summary_rows(result))
     parts.append('</table><table style="margin:.2em 0;font-size:.92em;font-variant-numeric:tabular-nums">')
-    parts.append("<tr>" + "".join(f"<th {cell}>{escape(h)}</th>" for h in HTML_HEADINGS) + "</tr>")
+    parts.append("<tr>" + "".join(f"<th {cell}>{escape(h)}</th>" for h in TABLE_HEADINGS) + "</tr>")
     for row in trial_rows(result):
         parts.append("<tr>" + "".join(f"<td {cell}>{escape(value)}</td>" for value in row) + "</tr>")
     parts.append("</table>")
