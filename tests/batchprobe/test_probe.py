@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from jupyter_gpu.batchprobe.budget import TensorBudget
-from jupyter_gpu.batchprobe.probe import ProbeRequest, probe_batch_size, run_probe
+from jupyter_gpu.batchprobe.probe import ProbeRequest, StickyCudaError, probe_batch_size, run_probe
 from jupyter_gpu.batchprobe.result import BatchProbeResult
 
 MiB = 2**20
@@ -197,6 +197,20 @@ def test_a_size_limit_error_is_reported_as_a_size_limit_not_memory() -> None:
     assert result.max_batch_size == limit, sequence(result)
     assert result.limited_by == "size limit"
     assert f"{limit + 1} hits a size limit" in str(result)
+
+
+def test_a_sticky_cuda_error_stops_the_probe_and_says_restart_the_kernel() -> None:
+    calls: list[int] = []
+
+    def step(batch_size: int) -> None:
+        calls.append(batch_size)
+        if batch_size > 8:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(StickyCudaError, match="restart the kernel") as stopped:
+        run_probe(step, ProbeRequest(max_memory=BUDGET), namespace={})
+    assert "illegal memory access" in str(stopped.value.__cause__)
+    assert max(calls) == 16 and calls.count(16) == 1  # no retry after the context is gone
 
 
 def test_the_max_cap_is_reported_as_the_limit() -> None:
