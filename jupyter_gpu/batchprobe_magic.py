@@ -109,12 +109,13 @@ class BatchProbeMagics(Magics):
 
     def _estimate(self, magic: str, options: Any, step: Callable[[int], Any]) -> Any:
         from jupyter_gpu.batchprobe.estimate import EstimateError, estimate_peaks
+        from jupyter_gpu.batchprobe.probe import DEFAULT_MAX_BATCH
 
         sizes = options.memory_sizes or [options.max_memory]
         try:
             estimate = estimate_peaks(step, [], namespace=self.shell.user_ns, memory_sizes=sizes,
                                       margin=options.margin, start=options.start,
-                                      maximum=options.maximum or 65536)
+                                      maximum=options.maximum or DEFAULT_MAX_BATCH, amp=options.amp)
         except EstimateError as exc:
             raise UsageError(f"{magic}: {exc}") from None
         if not options.quiet:

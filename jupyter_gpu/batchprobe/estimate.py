@@ -30,6 +30,7 @@ from html import escape
 from typing import Any, ClassVar
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
+from jupyter_gpu.batchprobe.probe import AMP_DTYPES
 from jupyter_gpu.batchprobe.search import Outcome, memory_line
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.models import RichResult
@@ -89,12 +90,13 @@ def budget_bytes(memory_bytes: int, reserve: int, margin: float) -> int:
 
 def estimate_peaks(step: Callable[[int], Any], sizes: list[int], *, namespace: dict[str, Any],
                    memory_sizes: list[int], margin: float = 0.1, start: int = 2, maximum: int = 65536,
-                   reserve_bytes: int = RESERVE_BYTES) -> MemoryEstimate:
+                   reserve_bytes: int = RESERVE_BYTES, amp: str | None = None) -> MemoryEstimate:
     """Predict `step(batch_size)`'s peak memory at `sizes` and the largest batch size for each memory size.
 
     `sizes` are evaluated and reported as they are; the line comes from `start` and `2 * start` (doubled
     further while the peak does not grow), and each memory size's answer is checked by fake evaluations at
-    the answer and the answer + 1. Raises EstimateError when the step cannot run on fake tensors.
+    the answer and the answer + 1. `amp` ("bf16"/"fp16") runs the step under autocast on the device the
+    fake run uses. Raises EstimateError when the step cannot run on fake tensors.
     """
     import torch
 
@@ -103,6 +105,8 @@ def estimate_peaks(step: Callable[[int], Any], sizes: list[int], *, namespace: d
     began = time.perf_counter()
     objects = find_training_objects(namespace, step)
     device_type = _check_devices(torch, objects)
+    if amp is not None:
+        step = _under_autocast(torch, step, device_type, amp)
     notes = _object_notes(objects)
     points: dict[int, int] = {}
     snapshot = StateSnapshot.take(objects)
@@ -185,6 +189,15 @@ def _guess(budget: int, points: dict[int, int], low: int, high: int, maximum: in
 
 
 # -- one fake evaluation ---------------------------------------------------------------------------------
+
+
+def _under_autocast(torch: Any, step: Callable[[int], Any], device_type: str, amp: str) -> Callable[[int], Any]:
+    dtype = getattr(torch, AMP_DTYPES[amp])
+
+    def autocast_step(size: int) -> Any:
+        with torch.autocast(device_type=device_type, dtype=dtype):
+            return step(size)
+    return autocast_step
 
 
 def _evaluate(torch: Any, step: Callable[[int], Any], size: int, objects: TrainingObjects, device_type: str,

@@ -117,6 +117,23 @@ def test_tiny_memory_fits_nothing_and_the_cap_is_reported() -> None:
     assert any("--max cap" in note for note in estimate.notes)
 
 
+def test_amp_runs_the_fake_step_under_autocast_and_lowers_the_activation_memory() -> None:
+    _, _, step, namespace = setup("cnn")
+    seen: list[bool] = []
+
+    def recording_step(batch_size: int) -> Any:
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return step(batch_size)
+
+    namespace["step"] = recording_step
+    plain = dict(estimate_peaks(recording_step, [256], namespace=namespace, memory_sizes=[2 * GiB]).points)
+    assert not any(seen)
+    seen.clear()
+    bf16 = dict(estimate_peaks(recording_step, [256], namespace=namespace, memory_sizes=[2 * GiB], amp="bf16").points)
+    assert seen and all(seen)
+    assert bf16[256] < plain[256]  # the convolutions' activations are kept in bfloat16
+
+
 def snapshot_of(model: Any, optimizer: Any) -> dict[str, Any]:
     return {
         "params": [(id(p), p.detach().clone()) for p in model.parameters()],
