@@ -32,6 +32,19 @@ def _simulated(report: GpuCheckReport) -> bool:
     return bool((report.facts.get("context") or {}).get("simulated"))
 
 
+def rows_text(rows: list[tuple[str, str]]) -> list[str]:
+    """(heading, text) rows as indented lines with the headings in one column."""
+    width = max(len(heading) for heading, _ in rows)
+    return [f"  {heading:<{width}}  {text}" for heading, text in rows]
+
+
+def rows_html(rows: list[tuple[str, str]]) -> str:
+    """(heading, text) rows as a two-column table, every value escaped."""
+    cells = "".join(f'<tr><td style="text-align:left;opacity:.75;padding-right:1em">{escape(heading)}</td>'
+                    f'<td style="text-align:left">{escape(text)}</td></tr>' for heading, text in rows)
+    return f'<table style="margin:.2em 0;font-size:.92em">{cells}</table>'
+
+
 def render_text(report: GpuCheckReport) -> str:
     lines = [f"{STATUS_MARK[report.status]} {report.verdict}"]
     if _simulated(report):

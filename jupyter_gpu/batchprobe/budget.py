@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jupyter_gpu.batchprobe.oom import budget_message
+from jupyter_gpu.dispatch import handler_mode
 
 
 class BudgetError(RuntimeError):
@@ -65,11 +66,15 @@ class StorageCounter:
         self.live = baseline
         self.peak_bytes = baseline
         self._storages: dict[int, weakref.ref] = {}
-        self._mode_class = _budget_mode_class(torch)
 
     def trial(self) -> AbstractContextManager[Any]:
         self.peak_bytes = self.live
-        return self._mode_class(self)
+        return handler_mode(self._run)
+
+    def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        self.record(func, out)
+        return out
 
     def peak(self) -> Peak:
         return Peak(self.peak_bytes)
@@ -255,23 +260,3 @@ def _available_host_memory() -> int | None:
     except OSError:
         return None
     return None
-
-
-def _budget_mode_class(torch: Any) -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class BudgetMode(TorchDispatchMode):
-        def __init__(self, budget: StorageCounter) -> None:
-            super().__init__()
-            self.budget = budget
-
-        @classmethod
-        def ignore_compile_internals(cls) -> bool:
-            return True  # without it Dynamo skips, for good, a function first called under this mode
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            self.budget.record(func, out)
-            return out
-
-    return BudgetMode

@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from jupyter_gpu.batchprobe.result import RECOMMEND, VERIFY, BatchProbeResult, Trial
-from jupyter_gpu.render import COLOUR
+from jupyter_gpu.render import COLOUR, rows_html, rows_text
 from jupyter_gpu.units import format_bytes, format_seconds
 
 BAR_WIDTH = 12
@@ -78,9 +78,7 @@ TABLE_HEADINGS = ("batch", "fits", "peak memory", "of budget", "step", "samples/
 
 def render_text(result: BatchProbeResult) -> str:
     lines = [headline(result)]
-    rows = summary_rows(result)
-    width = max(len(heading) for heading, _ in rows)
-    lines.extend(f"  {heading:<{width}}  {text}" for heading, text in rows)
+    lines.extend(rows_text(summary_rows(result)))
     table = [TABLE_HEADINGS, *trial_rows(result)]
     widths = [max(len(row[i]) for row in table if row[1] != "✗" or i < 2) for i in range(len(TABLE_HEADINGS))]
     for row in table:
@@ -102,11 +100,9 @@ def render_html(result: BatchProbeResult) -> str:
     parts = [
         '<div class="jupyter-gpu-batchprobe" style="font-family:var(--jp-ui-font-family,sans-serif);line-height:1.4">',
         f'<div style="font-weight:600;color:{colour}">{escape(headline(result))}</div>',
-        '<table style="margin:.2em 0;font-size:.92em">',
+        rows_html(summary_rows(result)),
+        '<table style="margin:.2em 0;font-size:.92em;font-variant-numeric:tabular-nums">',
     ]
-    parts.extend(f'<tr><td style="text-align:left;opacity:.75;padding-right:1em">{escape(heading)}</td>'
-                 f'<td style="text-align:left">{escape(text)}</td></tr>' for heading, text in summary_rows(result))
-    parts.append('</table><table style="margin:.2em 0;font-size:.92em;font-variant-numeric:tabular-nums">')
     parts.append("<tr>" + "".join(f"<th {cell}>{escape(h)}</th>" for h in TABLE_HEADINGS) + "</tr>")
     for row in trial_rows(result):
         parts.append("<tr>" + "".join(f"<td {cell}>{escape(value)}</td>" for value in row) + "</tr>")

@@ -15,6 +15,7 @@ from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
+from jupyter_gpu.dispatch import handler_mode
 from jupyter_gpu.timing.ops import (
     COPY_OPS,
     PRINT_SYNC,
@@ -37,7 +38,7 @@ class OpCounter:
     def __init__(self, torch: Any) -> None:
         self._torch = torch
         self._tensor_type = torch.Tensor
-        self._mode = _counting_mode_class(torch)(self)
+        self._mode = handler_mode(self.record)
         self.ops: Counter[str] = Counter()
         self.by_device: Counter[str] = Counter()
         self.copies: Counter[str] = Counter()
@@ -163,24 +164,6 @@ def counting_overhead_per_op(torch: Any) -> float:
                 counted.append(time.perf_counter() - started)
         _calibrated_cost = max(min(counted) - min(bare), 0.0) / _CALIBRATION_OPS
     return _calibrated_cost
-
-
-def _counting_mode_class(torch: Any) -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountingMode(TorchDispatchMode):
-        def __init__(self, counter: OpCounter) -> None:
-            super().__init__()
-            self.counter = counter
-
-        @classmethod
-        def ignore_compile_internals(cls) -> bool:
-            return True
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-            return self.counter.record(func, args, kwargs or {})
-
-    return CountingMode
 
 
 def _as_tuple(value: Any) -> tuple:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from html import escape
 
-from jupyter_gpu.render import COLOUR, SIMULATED_HTML, SIMULATED_TEXT, findings_html, findings_text
+from jupyter_gpu.render import (
+    COLOUR,
+    SIMULATED_HTML,
+    SIMULATED_TEXT,
+    findings_html,
+    findings_text,
+    rows_html,
+    rows_text,
+)
 from jupyter_gpu.timing.result import GpuTimeResult
 from jupyter_gpu.units import format_bytes, format_count, format_seconds
 
@@ -37,9 +45,7 @@ def summary_rows(result: GpuTimeResult) -> list[tuple[str, str]]:
 
 def render_text(result: GpuTimeResult) -> str:
     lines = [f"gputime: {result.label}" + (SIMULATED_TEXT if result.simulated else "")]
-    rows = summary_rows(result)
-    width = max(len(heading) for heading, _ in rows)
-    lines.extend(f"  {heading:<{width}}  {text}" for heading, text in rows)
+    lines.extend(rows_text(summary_rows(result)))
     lines.extend(findings_text(result.findings))
     return "\n".join(lines)
 
@@ -51,11 +57,8 @@ def render_html(result: GpuTimeResult) -> str:
     parts = [
         '<div class="jupyter-gpu-time" style="font-family:var(--jp-ui-font-family,sans-serif);line-height:1.4">',
         f'<div style="font-weight:600;color:{colour}">gputime: <code>{escape(result.label)}</code>{simulated}</div>',
-        '<table style="margin:.2em 0;font-size:.92em">',
+        rows_html(summary_rows(result)),
     ]
-    parts.extend(f'<tr><td style="text-align:left;opacity:.75;padding-right:1em">{escape(heading)}</td>'
-                 f'<td style="text-align:left">{escape(text)}</td></tr>' for heading, text in summary_rows(result))
-    parts.append("</table>")
     parts.append(findings_html(result.findings))
     parts.append("</div>")
     return "".join(parts)
