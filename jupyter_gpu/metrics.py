@@ -52,6 +52,41 @@ def throttle_reason_names(mask: int) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    """One process holding memory on a GPU, as NVML lists it (host PIDs: NVML ignores PID namespaces)."""
+
+    pid: int
+    memory_used: int | None = None  # None where NVML cannot say (WDDM, some MIG set-ups)
+    gpu_instance_id: int | None = None  # the MIG GPU instance it runs in, when MIG is on
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuProcess:
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG slice of a GPU: what CUDA sees as a device of its own (`MIG-...` UUID)."""
+
+    index: int
+    uuid: str | None
+    profile: str | None  # "1g.10gb", "3g.40gb", ...
+    gpu_instance_id: int | None = None
+    memory_used: int | None = None
+    memory_total: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MigInstance:
+        return cls(**_known(cls, data))
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    # Unknown keys (derived ones like "throttled", or fields a newer version adds) are ignored.
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
 class DeviceSample:
     """What one GPU reported at one moment."""
 
@@ -69,6 +104,16 @@ class DeviceSample:
     power_limit_w: float | None = None
     sm_clock_mhz: float | None = None
     throttle_reasons: tuple[str, ...] | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    # None: the GPU has no MIG (or NVML cannot say); False/True: MIG mode as the driver reports it.
+    mig_enabled: bool | None = None
+    mig_instances: tuple[MigInstance, ...] = ()
+    # None: NVML could not list them; (): no process holds this GPU.
+    processes: tuple[GpuProcess, ...] | None = None
+    # This kernel's PyTorch caching allocator on this GPU; None unless the kernel had already started CUDA.
+    torch_allocated: int | None = None
+    torch_reserved: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in DEVICE_STATUSES:
@@ -83,22 +128,33 @@ class DeviceSample:
     def throttled(self) -> bool:
         return any(reason in PERFORMANCE_THROTTLES for reason in self.throttle_reasons or ())
 
+    @property
+    def memory_fraction(self) -> float | None:
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return self.memory_used / self.memory_total
+
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(self)  # nested dataclasses become dicts, tuples stay tuples until json
         if self.throttle_reasons is not None:
             data["throttle_reasons"] = list(self.throttle_reasons)
+        data["mig_instances"] = list(data["mig_instances"])
+        if self.processes is not None:
+            data["processes"] = list(data["processes"])
         # Derived, but sent so the TypeScript panel does not keep its own copy of PERFORMANCE_THROTTLES.
         data["throttled"] = self.throttled
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DeviceSample:
-        # Unknown keys (e.g. "throttled", or fields a newer version adds) are ignored.
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = _known(cls, data)
         reasons = values.get("throttle_reasons")
         if reasons is not None:
             values["throttle_reasons"] = tuple(reasons)
+        values["mig_instances"] = tuple(MigInstance.from_dict(m) for m in values.get("mig_instances") or ())
+        processes = values.get("processes")
+        if processes is not None:
+            values["processes"] = tuple(GpuProcess.from_dict(p) for p in processes)
         return cls(**values)
 
 

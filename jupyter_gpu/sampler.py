@@ -30,10 +30,7 @@ class Sampler:
     """`with Sampler(backend, interval=0.5) as s: ... s.history()`; or start()/stop() by hand."""
 
     def __init__(self, backend: Backend, interval: float = 1.0, history: int = 600) -> None:
-        if not math.isfinite(interval) or interval < MIN_INTERVAL:
-            raise ValueError(
-                f"The sampling interval must be a finite number of seconds, at least {MIN_INTERVAL}, got {interval!r}."
-            )
+        check_interval(interval)
         if history < 1:
             raise ValueError(f"The history must keep at least 1 sample, got {history!r}.")
         self.backend = backend
@@ -43,6 +40,9 @@ class Sampler:
         self._lock = threading.Lock()  # guards _history, _subscribers, _thread, _stop
         self._thread: threading.Thread | None = None
         self._stop: threading.Event | None = None
+        # Wakes the polling thread early: on stop(), and on set_interval() so a faster rate applies now.
+        self._wakeup = threading.Condition(threading.Lock())
+        self._regrid = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -63,9 +63,19 @@ class Sampler:
             self._thread = None
         if stop is not None:
             stop.set()
+            with self._wakeup:
+                self._wakeup.notify_all()
         # A subscriber runs on the sampler thread: joining itself would deadlock, and the loop ends anyway.
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+    def set_interval(self, interval: float) -> None:
+        """Change the polling rate; a running thread takes it from the last reading, not the next one."""
+        check_interval(interval)
+        with self._wakeup:
+            self.interval = float(interval)
+            self._regrid = True
+            self._wakeup.notify_all()
 
     @property
     def running(self) -> bool:
@@ -143,14 +153,31 @@ class Sampler:
             return Sample(time.time(), self.backend.name, self.backend.simulated, status="error", message=message)
 
     def _run(self, stop: threading.Event) -> None:
-        # Ticks are start + n * interval on the monotonic clock, so slow reads do not make the rate drift;
-        # ticks missed while a read was slow are skipped, never caught up in a burst.
-        start = time.monotonic()
+        # Ticks are grid + n * interval on the monotonic clock, so slow reads do not make the rate drift;
+        # ticks missed while a read was slow are skipped, never caught up in a burst. A new interval
+        # restarts the grid at the last reading.
+        grid = time.monotonic()
         tick = 0
         while not stop.is_set():
+            read_started = time.monotonic()
             self.read_now()
             tick += 1
-            now = time.monotonic()
-            tick = max(tick, math.floor((now - start) / self.interval) + 1)
-            if stop.wait(start + tick * self.interval - now):
-                break
+            with self._wakeup:
+                while not stop.is_set():
+                    if self._regrid:
+                        self._regrid = False
+                        grid, tick = read_started, 1
+                    now = time.monotonic()
+                    tick = max(tick, math.floor((now - grid) / self.interval) + 1)
+                    remaining = grid + tick * self.interval - now
+                    if remaining <= 0:
+                        break
+                    if not self._wakeup.wait(remaining) and not self._regrid:
+                        break
+
+
+def check_interval(interval: float) -> None:
+    if not math.isfinite(interval) or interval < MIN_INTERVAL:
+        raise ValueError(
+            f"The sampling interval must be a finite number of seconds, at least {MIN_INTERVAL}, got {interval!r}."
+        )
