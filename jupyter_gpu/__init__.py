@@ -32,6 +32,9 @@ def unload_ipython_extension(ipython: Any) -> None:
         close = getattr(instance, "close", None)
         if close is not None:
             close()
+    from jupyter_gpu.shared_sampler import close_shared_hubs
+
+    close_shared_hubs()  # whatever still holds a lease (a panel object kept in a variable) stops updating
 
 
 def __getattr__(name: str) -> Any:

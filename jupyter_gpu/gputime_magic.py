@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
-from jupyter_gpu.backends import BACKEND_ENV, Backend, BackendSpecError, select_backend
+from jupyter_gpu.backends import BackendSpecError
 from jupyter_gpu.options import GPUTIME_VALUE_FLAGS, OptionsError, gputime_parser, split_magic_line, validate_gputime
 from jupyter_gpu.progress import ProgressLine
+from jupyter_gpu.shared_sampler import Lease, shared_hub
 
 LABEL_WIDTH = 60
 
@@ -20,7 +20,6 @@ LABEL_WIDTH = 60
 class GpuTimeMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self._backends: dict[str, Backend] = {}
 
     @line_cell_magic
     def gputime(self, line: str, cell: str | None = None) -> Any:
@@ -57,7 +56,7 @@ class GpuTimeMagics(Magics):
             warmup=options.warmup, auto=options.auto, budget=options.budget or 2.0, count_ops=options.count_ops)
         compiled = compile_cell(self.shell, source, header=f"%%gputime {line}".rstrip() if cell is not None else None)
         progress = None if options.quiet else ProgressLine()
-        timed = time_cell(self.shell.user_ns, compiled, request, self._backend(), progress=progress)
+        timed = time_cell(self.shell.user_ns, compiled, request, self._busy_lease(), progress=progress)
         # With -o, a cell magic's return value is the cell's Out: displaying it here would show it twice.
         shown_as_value = options.return_result and cell is not None and timed.interrupted is None
         if not options.quiet and not shown_as_value:
@@ -86,19 +85,13 @@ class GpuTimeMagics(Magics):
             raise UsageError("%%gputime has an empty cell: nothing to time.")
         return options, statement
 
-    def _backend(self) -> Backend:
-        spec = os.environ.get(BACKEND_ENV, "")
-        if spec not in self._backends:
-            try:
-                self._backends[spec] = select_backend(spec)
-            except BackendSpecError as exc:
-                raise UsageError(f"%gputime: {exc}") from None
-        return self._backends[spec]
+    def _busy_lease(self) -> Lease:
+        from jupyter_gpu.timing.busy import SAMPLE_INTERVAL
 
-    def close(self) -> None:
-        for backend in self._backends.values():
-            backend.close()
-        self._backends.clear()
+        try:
+            return shared_hub().acquire(SAMPLE_INTERVAL, start=False)
+        except BackendSpecError as exc:
+            raise UsageError(f"%gputime: {exc}") from None
 
 
 def _label(source: str) -> str:

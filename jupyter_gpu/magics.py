@@ -73,11 +73,12 @@ class GpuCheckMagics(Magics):
 
 
 # What `%load_ext jupyter_gpu` registers and `%unload_ext` removes: only magics that exist.
-MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe"], "cell": ["gputime", "batchprobe"]}
+MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe", "gpupanel"], "cell": ["gputime", "batchprobe"]}
 
 
 def magic_classes() -> list[type[Magics]]:
     from jupyter_gpu.batchprobe_magic import BatchProbeMagics
+    from jupyter_gpu.gpupanel_magic import GpuPanelMagics
     from jupyter_gpu.gputime_magic import GpuTimeMagics
 
-    return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics]
+    return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics, GpuPanelMagics]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -190,3 +191,47 @@ def _fraction(flag: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (0.1 keeps 10% free), not {text}")
         return value
     return parse
+
+
+def gpupanel_parser(prog: str = "%gpupanel") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False, description="A live panel of every GPU.")
+    parser.add_argument("--interval", type=_interval("--interval"), default=1.0, metavar="SECONDS",
+                        help="seconds between updates (default 1, at least 0.1)")
+    parser.add_argument("--history", type=_whole_number("--history", 2), default=60, metavar="N",
+                        help="samples kept in the sparklines (default 60)")
+    parser.add_argument("--devices", type=_device_indices, default=None, metavar="LIST",
+                        help="NVML indices to show, e.g. 0,2 or 0-3 (default: all)")
+    parser.add_argument("--close", action="store_true", help="close every panel this kernel shows")
+    parser.add_argument("-o", dest="return_result", action="store_true", help="return the panel widget")
+    return parser
+
+
+def _interval(flag: str) -> Callable[[str], float]:
+    parse_positive = _positive_float(flag)
+
+    def parse(text: str) -> float:
+        from jupyter_gpu.sampler import MIN_INTERVAL
+
+        value = parse_positive(text)
+        if not MIN_INTERVAL <= value < math.inf:
+            raise argparse.ArgumentTypeError(f"{flag} must be a number of seconds, at least {MIN_INTERVAL}, not {text}")
+        return value
+
+    return parse
+
+
+def _device_indices(text: str) -> tuple[int, ...]:
+    """'0,2,4-7' -> (0, 2, 4, 5, 6, 7): NVML indices, as nvidia-smi numbers the GPUs."""
+    indices: set[int] = set()
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first = int(low)
+            last = int(high) if dash else first
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--devices takes GPU indices like 0,2 or 0-3, not {text!r}") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"--devices takes GPU indices like 0,2 or 0-3, not {text!r}")
+        indices.update(range(first, last + 1))
+    return tuple(sorted(indices))

@@ -1,12 +1,16 @@
-"""How busy the GPU was while a cell ran, from NVML utilisation sampled on the shared sampler class."""
+"""How busy the GPU was while a cell ran, from NVML utilisation on the process's shared sampler.
+
+The watch holds a lease at the sampler's floor while the cell runs, so an open `%gpupanel` and the timing
+share one thread (which polls faster for the duration), and it collects only the samples taken during the cell.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from jupyter_gpu.backends import Backend
 from jupyter_gpu.metrics import Sample
-from jupyter_gpu.sampler import Sampler
+from jupyter_gpu.shared_sampler import Lease
 from jupyter_gpu.timing.result import GpuBusy
 
 SAMPLE_INTERVAL = 0.1  # the sampler's floor: NVML itself averages utilisation over 1/6 s to 1 s
@@ -16,25 +20,32 @@ MIN_SAMPLED_SECONDS = 0.25
 class BusyWatch:
     """Samples utilisation on a background thread between `start()` and `stop()`."""
 
-    def __init__(self, backend: Backend, first: Sample) -> None:
+    def __init__(self, lease: Lease, first: Sample) -> None:
+        self._lease = lease  # taken at SAMPLE_INTERVAL by the caller; closed by stop()
         self._first = first
-        self._sampler = Sampler(backend, interval=SAMPLE_INTERVAL, history=100_000)
+        self._samples: list[Sample] = []
+        self._unsubscribe: Callable[[], None] | None = None
         self._started = 0.0
         self._elapsed = 0.0
 
     def start(self) -> None:
         self._started = time.time()
-        self._sampler.start()
+        self._unsubscribe = self._lease.sampler.subscribe(self._samples.append)
+        self._lease.hub.start()
 
     def stop(self) -> None:
         self._elapsed = time.time() - self._started
-        self._sampler.read_now()  # the driver's average over the cell's last moments
-        self._sampler.stop()
+        try:
+            self._lease.sampler.read_now()  # the driver's average over the cell's last moments
+        finally:
+            if self._unsubscribe is not None:
+                self._unsubscribe()
+            self._lease.close()
 
     def result(self, uuids: set[str] | None = None) -> tuple[GpuBusy | None, str | None, list[str]]:
         """(busy fraction, or a note saying why there is none, performance throttle reasons seen)."""
         # The reading taken as the cell started reflects the time before it, so it is left out.
-        samples = [s for s in self._sampler.history(since=self._started) if s.status == "ok"]
+        samples = [s for s in self._samples if s.timestamp > self._started and s.status == "ok"]
         throttles = sorted({reason for s in samples for d in s.devices if d.throttled
                             for reason in d.throttle_reasons or () if reason != "gpu_idle"})
         if self._elapsed < MIN_SAMPLED_SECONDS:

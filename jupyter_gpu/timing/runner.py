@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from jupyter_gpu.backends import Backend
+from jupyter_gpu.shared_sampler import Lease
 from jupyter_gpu.timing.advice import timing_findings
 from jupyter_gpu.timing.availability import gpu_availability
 from jupyter_gpu.timing.busy import BusyWatch
@@ -20,6 +20,7 @@ from jupyter_gpu.timing.opcount import OpCounter, counting_overhead_per_op
 from jupyter_gpu.timing.ops import is_accelerator
 from jupyter_gpu.timing.result import GpuTimeResult, OpCounts
 from jupyter_gpu.timing.stats import summarize
+from jupyter_gpu.torch_memory import nvml_uuid
 from jupyter_gpu.units import format_seconds
 
 DEFAULT_REPEAT = 7       # as `%timeit`
@@ -51,20 +52,23 @@ class TimedCell:
 
 
 def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequest,
-              backend: Backend | None, progress: Callable[[str], None] | None = None) -> TimedCell:
+              lease: Lease | None, progress: Callable[[str], None] | None = None) -> TimedCell:
     """Run and time the cell in `namespace`. An exception in the cell propagates with a traceback that
     starts at the cell's own frame, after every watcher has been stopped.
 
-    `progress` receives a status line during long repeated timing (and "" when done). An interrupt
+    `lease` is a lease on the shared sampler taken with `start=False` at `busy.SAMPLE_INTERVAL`; it is
+    closed here. `progress` receives a status line during long repeated timing (and "" when done). An interrupt
     after at least one timed repeat keeps what was measured: it comes back in `TimedCell.interrupted`
     for the caller to show the partial result before re-raising it, so "Run all" still stops.
     """
     __tracebackhide__ = True  # read by IPython: the traceback shows the cell's lines, not ours
     torch_before = sys.modules.get("torch")
     cuda_before = cuda_initialized(torch_before)
-    first_sample = backend.read() if backend is not None else None
-    busy = (BusyWatch(backend, first_sample)
-            if backend is not None and first_sample is not None and first_sample.devices else None)
+    backend = lease.sampler.backend if lease is not None else None
+    first_sample = lease.sampler.read_now() if lease is not None else None
+    busy = BusyWatch(lease, first_sample) if lease is not None and first_sample and first_sample.devices else None
+    if lease is not None and busy is None:
+        lease.close()  # nothing to watch: the shared thread need not speed up
     memory = CudaMemoryWatch(torch_before)
     runner = _Runs(namespace, cell)
     if busy is not None:
@@ -216,10 +220,9 @@ def _device_uuids(torch: Any | None, memory: list[Any]) -> set[str] | None:
         return None
     uuids = set()
     for use in memory:
-        index = int(use.device.split(":")[1])
-        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        uuid = nvml_uuid(torch, int(use.device.split(":")[1]))
         if uuid is not None:
-            uuids.add(f"GPU-{uuid}")
+            uuids.add(uuid)
     return uuids or None
 
 
