@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
+from pathlib import Path
 
 from jupyter_gpu.options import OptionsError, SentenceParser, add_check_options, validate
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C before anything was recorded, as a shell reports SIGINT
 
 
 def build_parser() -> SentenceParser:
@@ -15,7 +19,42 @@ def build_parser() -> SentenceParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=SentenceParser)
     check = commands.add_parser("check", help="diagnose whether PyTorch can use a GPU here, and how to fix it")
     add_check_options(check)
+    record = commands.add_parser(
+        "record", help="record GPU metrics to a JSON file that JUPYTER_GPU_BACKEND=replay:FILE plays back",
+        description="Record GPU metrics (from NVML, or the backend JUPYTER_GPU_BACKEND names) to FILE, so "
+                    "behaviour seen on a real GPU can be replayed with JUPYTER_GPU_BACKEND=replay:FILE.")
+    record.add_argument("file", metavar="FILE", help="the recording to write (replaced if it exists)")
+    record.add_argument("--seconds", type=_seconds, required=True, metavar="S", help="how long to record")
+    record.add_argument("--interval", type=_interval, default=1.0, metavar="I",
+                        help="seconds between samples (default 1, at least 0.1)")
+    record.add_argument("-q", "--quiet", action="store_true", help="print no progress and no summary")
     return parser
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"needs a number of seconds, not {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"needs a finite number of seconds, not {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
+def _interval(text: str) -> float:
+    from jupyter_gpu.sampler import MIN_INTERVAL  # deferred: only when --interval is given, never for --help
+
+    value = _number(text)
+    if value < MIN_INTERVAL:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL} seconds, not {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         options = parser.parse_args(argv)
         if options.command is None:
             raise OptionsError("Name a command, for example: jupyter-gpu check.")
-        validate(options)
+        if options.command == "check":
+            validate(options)
+        else:
+            _validate_record(options)
     except OptionsError as exc:
         if str(exc) == "exit 0":  # --help printed its text
             return 0
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if options.command == "record":
+        return run_record(options)
     from jupyter_gpu.check import run_check  # deferred: `--help` and usage errors stay instant
 
     try:
@@ -42,6 +86,72 @@ def main(argv: list[str] | None = None) -> int:
     elif not options.quiet:
         print(report)
     return report.exit_code
+
+
+# -- record --------------------------------------------------------------------------------------------
+
+
+def _validate_record(options: argparse.Namespace) -> None:
+    # Checked before recording, so a typo in the folder does not cost the whole recording.
+    folder = Path(options.file).parent
+    if not folder.is_dir():
+        raise OptionsError(f"Cannot write {options.file}: the folder {folder} does not exist.")
+    if Path(options.file).is_dir():
+        raise OptionsError(f"Cannot write {options.file}: it is a folder; name the recording's file.")
+
+
+def run_record(options: argparse.Namespace) -> int:
+    """`jupyter-gpu record FILE --seconds S`: record the selected backend, then write FILE atomically."""
+    from jupyter_gpu.backends import BackendSpecError, select_backend  # deferred: `--help` stays instant
+    from jupyter_gpu.metrics import Sample
+    from jupyter_gpu.recording import NoDriverError, record, write_recording
+
+    out = sys.stderr  # progress and messages: stdout stays empty, as for any recorder writing a file
+    try:
+        backend = select_backend()
+    except BackendSpecError as exc:
+        print(f"jupyter-gpu: {exc}", file=out)
+        return EXIT_USAGE
+    if backend.simulated:
+        print(f"jupyter-gpu: recording {backend.name}, a simulated backend chosen by JUPYTER_GPU_BACKEND, "
+              f"not a real GPU.", file=out)
+    seconds = _format_seconds(options.seconds)
+    started: list[float] = []  # the first sample's timestamp, once it has arrived
+
+    def progress(sample: Sample) -> None:
+        started[:] = started or [sample.timestamp]
+        gpus = len(sample.devices)
+        print(f"recording {_format_seconds(sample.timestamp - started[0])}/{seconds} s, "
+              f"{gpus} GPU{'' if gpus == 1 else 's'}…", file=out, flush=True)
+
+    try:
+        recorded = record(backend, options.seconds, options.interval, on_sample=None if options.quiet else progress)
+    except NoDriverError as exc:
+        print(f"jupyter-gpu: {exc} Nothing was recorded.", file=out)
+        return 1
+    finally:
+        backend.close()
+    if not recorded.samples:
+        print("jupyter-gpu: Stopped before the first sample; nothing was written.", file=out)
+        return EXIT_INTERRUPTED
+    try:
+        write_recording(options.file, recorded.samples, options.interval, backend.name)
+    except OSError as exc:
+        print(f"jupyter-gpu: Cannot write {options.file}: {exc.strerror or exc}.", file=out)
+        return EXIT_USAGE
+    if not options.quiet:
+        count = len(recorded.samples)
+        gpus = recorded.gpu_count
+        stopped = "Stopped early (Ctrl-C). " if recorded.interrupted else ""
+        print(f"{stopped}Recorded {count} sample{'' if count == 1 else 's'} of {gpus} GPU{'' if gpus == 1 else 's'} "
+              f"over {_format_seconds(recorded.span)} s to {options.file}", file=out)
+    return 0
+
+
+def _format_seconds(value: float) -> str:
+    """0.5 -> "0.5", 3.0 -> "3", 12.345 -> "12.3"."""
+    text = f"{value:.1f}"
+    return text.removesuffix(".0")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,13 @@ class MigInstance:
         return cls(**_known(cls, data))
 
 
+def _strict_bool(value: Any, name: str) -> bool:
+    # bool("false") is True: a hand-edited fixture must not turn a simulated sample into a real one.
+    if not isinstance(value, bool):
+        raise ValueError(f"A sample's {name!r} must be true or false, got {value!r}.")
+    return value
+
+
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     # Unknown keys (derived ones like "throttled", or fields a newer version adds) are ignored.
     names = {f.name for f in fields(cls)}
@@ -188,7 +195,7 @@ class Sample:
         return cls(
             timestamp=float(data["timestamp"]),
             backend=data["backend"],
-            simulated=bool(data["simulated"]),
+            simulated=_strict_bool(data["simulated"], "simulated"),
             status=data.get("status", "ok"),
             message=data.get("message"),
             devices=tuple(DeviceSample.from_dict(d) for d in data.get("devices", ())),

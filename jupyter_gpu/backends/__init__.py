@@ -1,7 +1,8 @@
-"""Where GPU metrics come from: the real NVML, or a named simulated scenario chosen on purpose.
+"""Where GPU metrics come from: the real NVML, a named simulated scenario, or a recording being replayed.
 
-The simulated backend is never a silent fallback: a user whose NVML is broken must see `no_driver`, not a
-healthy-looking fake H200. It is chosen only by `JUPYTER_GPU_BACKEND=simulated:NAME` or by passing a spec.
+The simulated and replay backends are never a silent fallback: a user whose NVML is broken must see
+`no_driver`, not a healthy-looking fake H200. They are chosen only by `JUPYTER_GPU_BACKEND=simulated:NAME`
+or `replay:FILE`, or by passing a spec, and every sample they give is marked simulated.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from jupyter_gpu.backends.nvml import NvmlBackend
+from jupyter_gpu.backends.replay import ReplayBackend
 from jupyter_gpu.backends.simulated import SCENARIOS, SimulatedBackend
 from jupyter_gpu.metrics import Sample
 
@@ -20,6 +22,7 @@ __all__ = [
     "Backend",
     "BackendSpecError",
     "NvmlBackend",
+    "ReplayBackend",
     "SimulatedBackend",
     "select_backend",
 ]
@@ -56,16 +59,24 @@ def _simulated(argument: str | None, where: str) -> Backend:
     return SimulatedBackend(argument)
 
 
-# kind -> factory(argument after the first ":" or None, where the spec came from). "replay" goes here.
+def _replay(argument: str | None, where: str) -> Backend:
+    if not argument:
+        raise BackendSpecError(f"The replay backend needs the recording to play, as replay:FILE ({where}); "
+                               f"{_choices()}.")
+    return ReplayBackend(argument)  # a file it cannot replay is a BackendSpecError naming the file
+
+
+# kind -> factory(argument after the first ":" or None, where the spec came from).
 _FACTORIES: dict[str, Callable[[str | None, str], Backend]] = {
     "nvml": _nvml,
     "simulated": _simulated,
+    "replay": _replay,
 }
 
 
 def _choices() -> str:
     scenarios = ", ".join(f"simulated:{name}" for name in SCENARIOS)
-    return f"use 'nvml' (the default) or one of {scenarios}"
+    return f"use 'nvml' (the default), one of {scenarios}, or replay:FILE to play back a `jupyter-gpu record` file"
 
 
 def select_backend(spec: str | None = None, env: Mapping[str, str] | None = None) -> Backend:
