@@ -125,17 +125,25 @@ class SamplerHub:
 
 
 class RateLimiter:
-    """Lets through at most one sample per `interval` seconds of sample time (a slow panel on a fast hub)."""
+    """Lets through one sample per `interval` seconds of sample time (a slow panel on a fast hub).
+
+    Due times follow a grid, so a sample that arrives a little late does not push every later update back;
+    10% slack lets through a sample that arrives a hair early (thread wake-up jitter).
+    """
+
+    SLACK = 0.1
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self._last: float | None = None
+        self._next: float | None = None
 
     def due(self, sample: Sample) -> bool:
-        # 5% slack: samples of a 1 s hub arrive a hair under 1 s apart and must not be skipped every other time.
-        if self._last is not None and sample.timestamp - self._last < self.interval * 0.95:
+        stamp = sample.timestamp
+        if self._next is not None and stamp < self._next - self.SLACK * self.interval:
             return False
-        self._last = sample.timestamp
+        if self._next is None or stamp - self._next > self.interval:
+            self._next = stamp  # first sample, or a gap: restart the grid here
+        self._next += self.interval
         return True
 
 

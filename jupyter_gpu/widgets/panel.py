@@ -115,7 +115,7 @@ class GpuPanel(widgets.VBox):
         sampler = self._lease.sampler
         self.backend_name = sampler.backend.name
         self.simulated = sampler.backend.simulated
-        for past in sampler.history()[:-1]:  # a panel opened later starts with the minute already seen
+        for past in sampler.history():  # a panel opened later starts with the minute already seen
             if self._limiter.due(past):
                 self._history.append(past)
         self.first = sampler.read_now()  # also feeds this panel through _on_sample
@@ -180,20 +180,28 @@ class GpuPanel(widgets.VBox):
         if sample.status != "ok":
             self.message.value = view.alerts_html(self.alerts)
             self._start_verdict(sample)
-            if self.body.children:
-                self.body.children = ()
+            self._set_rows([])
             return
         self.message.value = ""
         devices = self._shown(sample.devices)
         if not devices:
             self.message.value = "<b>NVML sees no GPU matching --devices on this machine.</b>"
-        if [d.index for d in devices] != list(self._rows):
-            self._rows = {d.index: self._rows.get(d.index) or DeviceRow(d.index) for d in devices}
-            self.body.children = tuple(self._rows.values())
+        self._set_rows([d.index for d in devices])
         for device in devices:
             past = [_device(s, device.index) for s in history]
             alerts = [a for a in self.alerts if a.device == device.index]
             self._rows[device.index].show(device, past, alerts, kernel, label)
+
+    def _set_rows(self, indices: list[int]) -> None:
+        """One row per shown device; rows of devices that went away are closed, not just hidden."""
+        if indices == list(self._rows):
+            return
+        old = self._rows
+        self._rows = {index: old.get(index) or DeviceRow(index) for index in indices}
+        self.body.children = tuple(self._rows.values())
+        for index, row in old.items():
+            if index not in self._rows:
+                _close_tree(row)
 
     def _shown(self, devices: Sequence[DeviceSample]) -> list[DeviceSample]:
         return [d for d in devices if self.devices is None or d.index in self.devices]
