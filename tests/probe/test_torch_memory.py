@@ -1,0 +1,103 @@
+"""PyTorch's allocator figures joined to NVML devices, and never a CUDA start on the kernel's behalf.
+
+This machine's torch is a CPU build, so CUDA itself is faked: a stand-in for `torch.cuda` that records every
+call it gets. The real CPU torch is used where it can be.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+from jupyter_gpu.metrics import DeviceSample, MigInstance, Sample
+from jupyter_gpu.torch_memory import torch_memory_by_uuid, with_torch_memory
+
+GIB = 1024**3
+
+
+class FakeCuda:
+    def __init__(self, initialized: bool, devices: dict[int, tuple[str, int, int]]) -> None:
+        self.initialized = initialized
+        self.devices = devices  # index -> (uuid without prefix, allocated, reserved)
+        self.calls: list[str] = []
+
+    def is_initialized(self) -> bool:
+        self.calls.append("is_initialized")
+        return self.initialized
+
+    def device_count(self) -> int:
+        self.calls.append("device_count")
+        return len(self.devices)
+
+    def get_device_properties(self, index: int) -> SimpleNamespace:
+        self.calls.append("get_device_properties")
+        return SimpleNamespace(uuid=self.devices[index][0])
+
+    def memory_allocated(self, index: int) -> int:
+        self.calls.append("memory_allocated")
+        return self.devices[index][1]
+
+    def memory_reserved(self, index: int) -> int:
+        self.calls.append("memory_reserved")
+        return self.devices[index][2]
+
+
+def sample(*devices: DeviceSample, status: str = "ok") -> Sample:
+    return Sample(1.0, "nvml", False, status=status, devices=devices)
+
+
+def test_before_cuda_starts_only_the_flag_is_read():
+    cuda = FakeCuda(False, {0: ("aaaa", GIB, 2 * GIB)})
+    original = sample(DeviceSample(0, "H200", "GPU-aaaa"))
+    assert with_torch_memory(original, SimpleNamespace(cuda=cuda)) is original
+    assert cuda.calls == ["is_initialized"], "nothing that could start CUDA is called"
+
+
+def test_figures_go_to_the_device_with_the_same_uuid():
+    cuda = FakeCuda(True, {0: ("bbbb", 3 * GIB, 4 * GIB), 1: ("aaaa", GIB, 2 * GIB), 2: ("cccc", 0, 0)})
+    torch = SimpleNamespace(cuda=cuda)
+    assert torch_memory_by_uuid(torch) == {"GPU-bbbb": (3 * GIB, 4 * GIB), "GPU-aaaa": (GIB, 2 * GIB)}
+    result = with_torch_memory(sample(DeviceSample(0, "A", "GPU-aaaa"), DeviceSample(1, "B", "GPU-bbbb"),
+                                      DeviceSample(2, "C", "GPU-cccc")), torch)
+    figures = [(d.torch_allocated, d.torch_reserved) for d in result.devices]
+    assert figures == [(GIB, 2 * GIB), (3 * GIB, 4 * GIB), (None, None)], "CUDA order is not NVML order"
+
+
+def test_a_mig_slice_counts_on_its_parent_gpu():
+    cuda = FakeCuda(True, {0: ("1111", GIB, 2 * GIB)})
+    parent = DeviceSample(0, "A100", "GPU-parent", mig_enabled=True,
+                          mig_instances=(MigInstance(0, "MIG-1111", "1g.10gb"), MigInstance(1, "MIG-2222", "1g.10gb")))
+    [device] = with_torch_memory(sample(parent), SimpleNamespace(cuda=cuda)).devices
+    assert (device.torch_allocated, device.torch_reserved) == (GIB, 2 * GIB)
+
+
+def test_no_driver_sample_is_left_alone():
+    cuda = FakeCuda(True, {0: ("aaaa", GIB, 2 * GIB)})
+    original = sample(status="no_driver")
+    assert with_torch_memory(original, SimpleNamespace(cuda=cuda)) is original
+
+
+def test_with_the_real_cpu_torch_nothing_changes_and_cuda_stays_down():
+    code = """
+import torch
+from jupyter_gpu.metrics import DeviceSample, Sample
+from jupyter_gpu.torch_memory import with_torch_memory
+s = Sample(1.0, "nvml", False, devices=(DeviceSample(0, "H200", "GPU-aaaa"),))
+assert with_torch_memory(s) is s
+print(torch.cuda.is_initialized())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_torch_is_not_imported_by_asking():
+    code = """
+import sys
+from jupyter_gpu.metrics import Sample
+from jupyter_gpu.torch_memory import with_torch_memory
+with_torch_memory(Sample(1.0, "nvml", False))
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
