@@ -52,7 +52,8 @@ def _power(device: DeviceSample) -> str:
 
 def utilization_text(device: DeviceSample) -> str:
     if device.utilization_gpu is None:
-        reason = " (MIG: per slice only)" if device.mig_enabled else ""
+        # NVML reports no utilisation for a GPU split into MIG slices.
+        reason = " (MIG on: not reported)" if device.mig_enabled else ""
         return f"n/a{reason}"
     memory = "" if device.utilization_memory is None else f" · memory bus {device.utilization_memory:.0f}%"
     return f"{device.utilization_gpu:.0f}%{memory}"

@@ -16,8 +16,11 @@ from jupyter_gpu.backends import (
     SimulatedBackend,
     select_backend,
 )
+from jupyter_gpu.backends.nvml import lost_message
+from jupyter_gpu.backends.simulated import LOST_AFTER_S
 from jupyter_gpu.metrics import PERFORMANCE_THROTTLES, DeviceSample, Sample, throttle_reason_names
 
+KIB = 1024
 MIB = 1024**2
 GIB = 1024**3
 
@@ -84,9 +87,14 @@ def test_sample_round_trips_through_json_and_missing_stays_none():
     assert second["throttle_reasons"] is None and second["status"] == "lost"
 
 
-def test_every_scenario_round_trips_through_json():
-    for name in SCENARIOS:
-        sample = SimulatedBackend(name, clock=FakeClock()).read()
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_every_scenario_is_simulated_and_round_trips_through_json(name):
+    clock = FakeClock()
+    backend = SimulatedBackend(name, clock=clock)
+    for seconds in (0.0, 7.3, LOST_AFTER_S + 1):  # the last one is past the `lost` scenario's switch
+        clock.now = 500.0 + seconds
+        sample = backend.read()
+        assert sample.simulated is True and sample.backend == f"simulated:{name}"
         assert Sample.from_dict(json.loads(json.dumps(sample.to_dict()))) == sample
 
 
@@ -120,11 +128,14 @@ def readings(scenario: str, seconds: int = 180, step: float = 1.0) -> list[Sampl
 RANGES = {
     # field: (low, high) per scenario; every read over three minutes must stay inside
     "h200": {"utilization_gpu": (0, 5), "memory_used": (550 * MIB, 650 * MIB), "temperature_c": (30, 35),
-             "power_w": (75, 90), "sm_clock_mhz": (345, 345)},
+             "power_w": (75, 90), "sm_clock_mhz": (345, 345), "pcie_tx_bytes_per_s": (19 * KIB, 401 * KIB),
+             "pcie_rx_bytes_per_s": (19 * KIB, 601 * KIB)},
     "h200-busy": {"utilization_gpu": (95, 100), "memory_used": (59 * GIB, 61 * GIB), "temperature_c": (60, 70),
-                  "power_w": (600, 690), "sm_clock_mhz": (1950, 1980)},
+                  "power_w": (600, 690), "sm_clock_mhz": (1950, 1980), "pcie_tx_bytes_per_s": (100e6, 1e9),
+                  "pcie_rx_bytes_per_s": (1.9e9, 9.1e9)},
     "h200-hot": {"utilization_gpu": (95, 100), "memory_used": (59 * GIB, 61 * GIB), "temperature_c": (87, 90),
-                 "power_w": (450, 690), "sm_clock_mhz": (1000, 1500)},
+                 "power_w": (450, 690), "sm_clock_mhz": (1000, 1500), "pcie_tx_bytes_per_s": (50e6, 1e9),
+                 "pcie_rx_bytes_per_s": (1e9, 8e9)},
 }
 
 
@@ -141,14 +152,40 @@ def test_simulated_values_stay_in_range_and_move(scenario):
     # Two reads a second apart always differ, and every moving field takes several values over 3 minutes.
     devices = [s.devices[0] for s in samples]
     assert all(a != b for a, b in itertools.pairwise(devices))
-    for field in ("utilization_gpu", "memory_used", "temperature_c", "power_w"):
+    for field in ("utilization_gpu", "memory_used", "temperature_c", "power_w", "pcie_tx_bytes_per_s",
+                  "pcie_rx_bytes_per_s"):
         assert len({getattr(d, field) for d in devices}) >= 3, field
+    for device in devices:
+        assert (device.mig_enabled, device.mig_instances) == (False, ())  # an H200 can do MIG; it is off here
+        assert device.pcie_tx_bytes_per_s % KIB == 0 and device.pcie_rx_bytes_per_s % KIB == 0  # NVML: whole KB/s
+        assert (device.torch_allocated, device.torch_reserved) == (None, None)
 
 
-def test_simulated_values_are_deterministic_from_the_clock():
-    first = [s.devices for s in readings("h200", seconds=20, step=0.7)]
-    second = [s.devices for s in readings("h200", seconds=20, step=0.7)]
+def test_idle_h200_has_no_processes_and_busy_ones_have_a_python_holding_the_memory():
+    assert all(s.devices[0].processes == () for s in readings("h200", seconds=30))
+    for scenario in ("h200-busy", "h200-hot"):
+        for sample in readings(scenario, seconds=30):
+            device = sample.devices[0]
+            (process,) = device.processes
+            assert process.pid == 4242 and process.gpu_instance_id is None
+            assert 0.95 * device.memory_used < process.memory_used < device.memory_used
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_simulated_values_are_deterministic_from_the_clock(scenario):
+    first = [s.devices for s in readings(scenario, seconds=40, step=0.7)]
+    second = [s.devices for s in readings(scenario, seconds=40, step=0.7)]
     assert first == second
+
+
+@pytest.mark.parametrize("scenario", sorted(set(SCENARIOS) - {"nodriver"}))
+def test_every_device_of_every_scenario_moves_between_reads(scenario):
+    # `lost` only until it is lost: a lost GPU reports nothing that could move.
+    samples = readings(scenario, seconds=int(LOST_AFTER_S) if scenario == "lost" else 60)
+    for before, after in itertools.pairwise(samples):
+        for a, b in zip(before.devices, after.devices, strict=True):
+            assert a != b, (scenario, a.index)
+            assert (a.index, a.name, a.uuid, a.memory_total) == (b.index, b.name, b.uuid, b.memory_total)
 
 
 def test_simulated_values_move_on_the_real_clock():
@@ -182,8 +219,126 @@ def test_nodriver_scenario_looks_like_nvml_without_a_library():
 
 
 def test_every_scenario_is_described():
-    assert {"h200", "h200-busy", "h200-hot", "nodriver"} <= set(SCENARIOS)
+    assert {"h200", "h200-busy", "h200-hot", "a100x8-mig", "lost", "nodriver"} <= set(SCENARIOS)
     assert all(text.endswith(".") for text in SCENARIOS.values())
+    assert "MIG" in SCENARIOS["a100x8-mig"] and "lost" in SCENARIOS["lost"]
+
+
+# -- a100x8-mig ----------------------------------------------------------------------------------------
+
+A100_MEMORY_TOTAL = 81920 * MIB
+
+
+def test_a100x8_has_eight_distinct_a100s():
+    samples = readings("a100x8-mig", seconds=180)
+    first = samples[0]
+    assert (first.status, first.message) == ("ok", None)
+    assert [d.index for d in first.devices] == list(range(8))
+    uuids = [d.uuid for d in first.devices]
+    assert len(set(uuids)) == 8 and all(u.startswith("GPU-") and len(u) == 40 for u in uuids)
+    # Stable across runs and machines, so anything keyed on a UUID (a saved layout) keeps working.
+    assert uuids[0] == "GPU-acb12897-34e1-50b8-8fcd-2e8a8eb7adc7"
+    for sample in samples:
+        assert [d.uuid for d in sample.devices] == uuids
+        for device in sample.devices:
+            assert device.status == "ok" and device.error is None
+            assert (device.name, device.memory_total, device.power_limit_w) == (
+                "NVIDIA A100-SXM4-80GB", A100_MEMORY_TOTAL, 400.0)
+            assert 0 < device.memory_used <= device.memory_total
+            assert 25 <= device.temperature_c <= 85 and 0 < device.power_w <= device.power_limit_w
+            assert 200 <= device.sm_clock_mhz <= 1410
+            assert device.pcie_tx_bytes_per_s >= 0 and device.pcie_rx_bytes_per_s >= 0
+            if device.utilization_gpu is not None:
+                assert 0 <= device.utilization_gpu <= 100
+            assert device.processes is not None
+            for process in device.processes:
+                assert process.pid > 0 and 0 <= process.memory_used <= device.memory_used
+            memories = [p.memory_used for p in device.processes]
+            assert memories == sorted(memories, reverse=True)  # the NVML backend's order
+
+
+def test_a100x8_mig_boards_have_slices_and_no_utilisation():
+    for sample in readings("a100x8-mig", seconds=90):
+        gpu0, gpu1, *plain = sample.devices
+        for board in (gpu0, gpu1):
+            assert board.mig_enabled is True
+            assert board.utilization_gpu is None and board.utilization_memory is None  # as NVML on a MIG board
+            assert all(m.uuid.startswith("MIG-") for m in board.mig_instances)
+            assert sum(m.memory_total for m in board.mig_instances) <= board.memory_total
+            assert sum(m.memory_used for m in board.mig_instances) <= board.memory_used
+            for instance in board.mig_instances:
+                assert 0 < instance.memory_used < instance.memory_total
+            ids = {m.gpu_instance_id for m in board.mig_instances}
+            assert len(ids) == len(board.mig_instances)
+            # Every process on a MIG board runs inside one of its instances.
+            assert board.processes and {p.gpu_instance_id for p in board.processes} <= ids
+        assert [m.profile for m in gpu0.mig_instances] == ["1g.10gb"] * 7
+        assert sorted(m.profile for m in gpu1.mig_instances) == ["3g.40gb", "4g.40gb"]
+        uuids = [m.uuid for d in (gpu0, gpu1) for m in d.mig_instances]
+        assert len(set(uuids)) == 9
+        for device in plain:
+            assert (device.mig_enabled, device.mig_instances) == (False, ())
+            assert device.utilization_gpu is not None
+            assert all(p.gpu_instance_id is None for p in device.processes)
+
+
+def test_a100x8_mig_slices_move_between_reads():
+    samples = readings("a100x8-mig", seconds=30)
+    slices = [s.devices[0].mig_instances + s.devices[1].mig_instances for s in samples]
+    for before, after in itertools.pairwise(slices):
+        assert all(a.memory_used != b.memory_used for a, b in zip(before, after, strict=True))
+        assert [(a.uuid, a.profile, a.memory_total) for a in before] == [(a.uuid, a.profile, a.memory_total)
+                                                                          for a in after]
+
+
+def test_a100x8_plain_gpus_have_their_workloads():
+    for sample in readings("a100x8-mig", seconds=90):
+        training = sample.devices[2:4]
+        idle, held, capped, inference = sample.devices[4:]
+        for device in training:
+            assert device.utilization_gpu >= 90 and len(device.processes) == 1
+            assert device.processes[0].memory_used > 0.9 * device.memory_used
+            assert not device.throttled
+        assert idle.utilization_gpu <= 2 and idle.processes == () and idle.memory_used < 10 * MIB
+        assert held.utilization_gpu <= 3 and held.memory_used > 0.85 * held.memory_total
+        assert len(held.processes) == 1 and held.processes[0].memory_used > 0.99 * (held.memory_used - 8 * MIB)
+        assert capped.throttle_reasons == ("sw_power_cap",) and capped.throttled
+        assert capped.power_w >= 0.95 * capped.power_limit_w
+        assert not any(d.throttled for d in (idle, held, inference))
+        assert len(inference.processes) == 2 and 20 <= inference.utilization_gpu <= 60
+
+
+def test_a100x8_read_is_cheap():
+    # The sampler reads it every second and must stay under 1 % of a core: 10 ms. Measured ~0.2 ms.
+    backend = SimulatedBackend("a100x8-mig")
+    backend.read()
+    start = time.perf_counter()
+    for _ in range(50):
+        backend.read()
+    assert (time.perf_counter() - start) / 50 < 0.005
+
+
+# -- lost ----------------------------------------------------------------------------------------------
+
+
+def test_lost_scenario_is_busy_then_lost_after_lost_after_s():
+    clock = FakeClock()
+    backend = SimulatedBackend("lost", clock=clock)
+    clock.now += LOST_AFTER_S - 0.01
+    (before,) = backend.read().devices
+    assert before.status == "ok" and before.utilization_gpu >= 95 and before.processes
+    assert (before.name, before.uuid) == ("NVIDIA H200", "GPU-5f3b2c1e-8a4d-4c6b-9e27-1d0a7f6b3c42")
+
+    for seconds in (LOST_AFTER_S, LOST_AFTER_S + 1, LOST_AFTER_S + 3600):
+        clock.now = 500.0 + seconds
+        sample = backend.read()
+        assert (sample.status, sample.message, sample.simulated) == ("ok", None, True)
+        (device,) = sample.devices
+        assert (device.status, device.index, device.name, device.uuid) == ("lost", 0, before.name, before.uuid)
+        # The same sentence the NVML backend writes for NVML_ERROR_GPU_IS_LOST ("GPU is lost").
+        assert device.error == lost_message(0, "GPU is lost") and "GPU is lost" in device.error
+        assert device.label == "NVIDIA H200"
+        assert device == DeviceSample(0, device.name, device.uuid, status="lost", error=device.error)  # all None
 
 
 def test_unknown_scenario_is_refused():

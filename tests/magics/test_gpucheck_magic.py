@@ -19,13 +19,12 @@ def magics_instance(shell: InteractiveShell):
 def test_load_reload_unload(shell):
     shell.run_line_magic("load_ext", "jupyter_gpu")
     assert "gpucheck" in shell.magics_manager.magics["line"]
-    # Only implemented magics are registered.
     assert {"gputime", "batchprobe"} <= set(shell.magics_manager.magics["cell"])
-    assert "gpupanel" not in shell.magics_manager.magics["line"]
+    assert {"gputime", "batchprobe", "gpupanel"} <= set(shell.magics_manager.magics["line"])
     shell.run_line_magic("reload_ext", "jupyter_gpu")
     assert "gpucheck" in shell.magics_manager.magics["line"]
     shell.run_line_magic("unload_ext", "jupyter_gpu")
-    assert not {"gpucheck", "gputime", "batchprobe"} & set(shell.magics_manager.magics["line"])
+    assert not {"gpucheck", "gputime", "batchprobe", "gpupanel"} & set(shell.magics_manager.magics["line"])
     with pytest.raises(UsageError):
         shell.run_line_magic("gpucheck", "")
 

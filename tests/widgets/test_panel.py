@@ -232,7 +232,7 @@ def test_fields_a_gpu_does_not_report_show_as_na_not_zero(hub, backend):
     backend.devices = (gpu(utilization_gpu=None, temperature_c=None, power_w=None, mig_enabled=True),)
     panel = GpuPanel(hub, interval=FAST)
     row = panel.rows[0]
-    assert row.utilization_label.value == "n/a (MIG: per slice only)"
+    assert row.utilization_label.value == "n/a (MIG on: not reported)"
     assert "n/a °C" in row.title.value and "n/a W" in row.title.value
     assert "<polyline" not in row.utilization_spark.value, "no line is drawn through values that do not exist"
     panel.close()
