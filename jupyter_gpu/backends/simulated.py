@@ -272,9 +272,9 @@ _A100_LOADS: tuple[_Load, ...] = (
     _a100_load(_UNREPORTED, _UNREPORTED, _UNREPORTED, (44, 52), (150, 230), (1395, 1410), (300 * MB_S, 1.2 * GB_S)),
     _a100_load(_UNREPORTED, _UNREPORTED, _UNREPORTED, (50, 58), (220, 310), (1395, 1410), (600 * MB_S, 2.5 * GB_S)),
     # 2, 3: one data-parallel training job over two GPUs.
-    _a100_load((94, 100), (55, 75), (70 * GIB, 74 * GIB), (60, 68), (330, 390), (1380, 1410),
+    _a100_load((94, 100), (55, 75), (64 * GIB, 68 * GIB), (60, 68), (330, 390), (1380, 1410),
                (3 * GB_S, 11 * GB_S), processes=((51001, 1.0),)),
-    _a100_load((93, 100), (55, 75), (70 * GIB, 74 * GIB), (59, 67), (320, 385), (1380, 1410),
+    _a100_load((93, 100), (55, 75), (64 * GIB, 68 * GIB), (59, 67), (320, 385), (1380, 1410),
                (3 * GB_S, 11 * GB_S), processes=((51002, 1.0),)),
     # 4: idle, nothing on it.
     _a100_load((0, 2), (0, 1), (4 * MIB, 7 * MIB), (29, 33), (55, 65), (210, 210), (10 * KIB, 300 * KIB)),

@@ -115,10 +115,11 @@ class GpuPanel(widgets.VBox):
         sampler = self._lease.sampler
         self.backend_name = sampler.backend.name
         self.simulated = sampler.backend.simulated
-        for past in sampler.history():  # a panel opened later starts with the minute already seen
-            if self._limiter.due(past):
-                self._history.append(past)
-        self.first = sampler.read_now()  # also feeds this panel through _on_sample
+        # A panel opened later starts with the history already sampled, thinned to its own rate; the grid of
+        # its own updates starts at the fresh reading below, which it always shows.
+        thinning = RateLimiter(interval)
+        self._history.extend(past for past in sampler.history() if thinning.due(past))
+        self.first = sampler.read_now()  # feeds this panel through _on_sample
         hub.start()
 
     # -- what tests and the magic read ---------------------------------------------------------------

@@ -148,8 +148,11 @@ def test_a_slow_panel_on_a_fast_hub_updates_at_its_own_rate(hub, backend):
 def test_a_later_panel_starts_with_the_history_already_sampled(hub, backend):
     first = GpuPanel(hub, interval=FAST)
     wait_for(lambda: backend.reads >= 6)
+    backend.devices = (gpu(memory_used=95 * GIB),)
     second = GpuPanel(hub, interval=FAST)
-    assert len(second.history) >= 5
+    assert len(second.history) >= 6
+    # Its first reading is shown at once, alerts included, even right after the prefilled ones.
+    assert second.latest is second.first and [a.code for a in second.alerts] == ["MEMORY_NEARLY_FULL"]
     first.close()
     second.close()
 
