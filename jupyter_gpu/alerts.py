@@ -64,7 +64,9 @@ def sample_alerts(sample: Sample, history: Sequence[Sample], kernel: KernelView)
                       sample.message or "No GPU metrics.")]
     alerts: list[Alert] = []
     for device in sample.devices:
-        alerts.extend(device_alerts(device, _readings(history, device.index), kernel, sample.timestamp))
+        # The utilisation history only matters while a cell runs: skip the walk through it otherwise.
+        readings = _readings(history, device.index) if kernel.cell_started is not None else []
+        alerts.extend(device_alerts(device, readings, kernel, sample.timestamp))
     return alerts
 
 

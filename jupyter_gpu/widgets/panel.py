@@ -1,8 +1,8 @@
 """`GpuPanel`: a live ipywidgets view of every GPU, fed by a lease on the process's shared sampler.
 
-Updates run on the sampler thread (never the kernel's), one `hold_sync` batch per device, so a training
-cell keeps the kernel while the panel moves. Closing the panel closes its lease: the last lease stops the
-thread.
+Updates run on the sampler thread (never the kernel's), so a training cell keeps the kernel while the panel
+moves; each widget whose value changed sends one small comm message. Closing the panel closes its lease: the
+last lease stops the thread.
 """
 
 from __future__ import annotations
@@ -26,54 +26,50 @@ BAR_STYLE = {None: "", "warn": "warning", "fail": "danger"}
 
 
 class DeviceRow(widgets.VBox):
-    """One GPU: title, utilisation and memory bars with sparklines, processes, MIG slices, alerts."""
+    """One GPU: a title, utilisation and memory bars each with a sparkline and figures, and one block for
+    processes, MIG slices and alerts. Few widgets on purpose: each changed widget is one comm message a second.
+    """
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.title = widgets.HTML()
         self.utilization = widgets.FloatProgress(min=0, max=100, description="GPU",
                                                  layout=widgets.Layout(width="14em"))
-        self.utilization_label = widgets.HTML()
-        self.utilization_spark = widgets.HTML()
+        self.utilization_line = widgets.HTML()  # sparkline and figures
         self.memory = widgets.FloatProgress(min=0, max=100, description="Memory", layout=widgets.Layout(width="14em"))
-        self.memory_label = widgets.HTML()
-        self.memory_spark = widgets.HTML()
-        self.processes = widgets.HTML()
-        self.mig = widgets.HTML()
-        self.alerts = widgets.HTML()
+        self.memory_line = widgets.HTML()
+        self.details = widgets.HTML()  # processes, MIG slices, alerts
         super().__init__([
             self.title,
-            widgets.HBox([self.utilization, self.utilization_spark, self.utilization_label]),
-            widgets.HBox([self.memory, self.memory_spark, self.memory_label]),
-            self.processes, self.mig, self.alerts,
+            widgets.HBox([self.utilization, self.utilization_line]),
+            widgets.HBox([self.memory, self.memory_line]),
+            self.details,
         ], layout=widgets.Layout(margin="0 0 .6em 0"))
 
     def show(self, device: DeviceSample, history: Sequence[DeviceSample | None], alerts: list[Alert],
              kernel: KernelView, simulated_label: str) -> None:
-        with self.hold_sync():
-            self.title.value = view.device_title_html(device, simulated_label)
-            if device.status != "ok":
-                self.utilization.value = self.memory.value = 0
-                self.utilization.bar_style = self.memory.bar_style = "danger"
-                self.utilization_label.value = self.memory_label.value = "n/a"
-                self.processes.value = self.mig.value = ""
-                self.alerts.value = view.alerts_html(alerts)
-                return
-            severity = {a.code: a.severity for a in alerts}
-            self.utilization.value = device.utilization_gpu or 0.0
-            self.utilization.bar_style = BAR_STYLE[severity.get("GPU_IDLE_DURING_CELL")]
-            self.utilization_label.value = escape(view.utilization_text(device))
-            fraction = device.memory_fraction
-            self.memory.value = 0.0 if fraction is None else 100 * fraction
-            self.memory.bar_style = BAR_STYLE[severity.get("MEMORY_NEARLY_FULL")]
-            self.memory_label.value = escape(view.memory_text(device, kernel))
-            self.utilization_spark.value = view.sparkline_svg(
-                [None if d is None else d.utilization_gpu for d in history], 100, view.UTILIZATION_COLOUR)
-            self.memory_spark.value = view.sparkline_svg(
-                [None if d is None else d.memory_used for d in history], device.memory_total or 0, view.MEMORY_COLOUR)
-            self.processes.value = view.processes_html(device, kernel)
-            self.mig.value = view.mig_html(device)
-            self.alerts.value = view.alerts_html(alerts)
+        self.title.value = view.device_title_html(device, simulated_label)
+        if device.status != "ok":
+            self.utilization.value = self.memory.value = 0
+            self.utilization.bar_style = self.memory.bar_style = "danger"
+            self.utilization_line.value = self.memory_line.value = "n/a"
+            self.details.value = view.alerts_html(alerts)
+            return
+        severity = {a.code: a.severity for a in alerts}
+        self.utilization.value = device.utilization_gpu or 0.0
+        self.utilization.bar_style = BAR_STYLE[severity.get("GPU_IDLE_DURING_CELL")]
+        spark = view.sparkline_svg([None if d is None else d.utilization_gpu for d in history], 100,
+                                   view.UTILIZATION_COLOUR)
+        self.utilization_line.value = f"{spark} {escape(view.utilization_text(device))}"
+        fraction = device.memory_fraction
+        self.memory.value = 0.0 if fraction is None else 100 * fraction
+        self.memory.bar_style = BAR_STYLE[severity.get("MEMORY_NEARLY_FULL")]
+        spark = view.sparkline_svg([None if d is None else d.memory_used for d in history], device.memory_total or 0,
+                                   view.MEMORY_COLOUR)
+        self.memory_line.value = f"{spark} {escape(view.memory_text(device, kernel))}"
+        blocks = [view.processes_html(device, kernel), view.mig_html(device), view.alerts_html(alerts)]
+        self.details.value = "".join(f"<div>{block}</div>" if not block.startswith("<div") else block
+                                     for block in blocks if block)
 
 
 class GpuPanel(widgets.VBox):
@@ -188,8 +184,9 @@ class GpuPanel(widgets.VBox):
         if not devices:
             self.message.value = "<b>NVML sees no GPU matching --devices on this machine.</b>"
         self._set_rows([d.index for d in devices])
+        by_index = [{d.index: d for d in past.devices} for past in history]
         for device in devices:
-            past = [_device(s, device.index) for s in history]
+            past = [devices_then.get(device.index) for devices_then in by_index]
             alerts = [a for a in self.alerts if a.device == device.index]
             self._rows[device.index].show(device, past, alerts, kernel, label)
 
@@ -220,10 +217,6 @@ class GpuPanel(widgets.VBox):
                 self.verdict_box.value = html
 
         threading.Thread(target=run, name=VERDICT_THREAD_NAME, daemon=True).start()
-
-
-def _device(sample: Sample, index: int) -> DeviceSample | None:
-    return next((d for d in sample.devices if d.index == index), None)
 
 
 def _close_tree(widget: widgets.Widget) -> None:

@@ -53,7 +53,7 @@ def test_panel_shows_real_values_and_this_kernels_pytorch_memory():
         # Inside a container NVML lists host PIDs; then the kernel is found through PyTorch's figures instead.
         print("NVML processes:", device.processes, "this pid:", os.getpid(), "listed:", os.getpid() in pids)
         row = panel.rows[device.index]
-        assert "this kernel" in row.memory_label.value and "PyTorch" in row.memory_label.value
+        assert "this kernel" in row.memory_line.value and "PyTorch" in row.memory_line.value
     finally:
         panel.close()
         del held

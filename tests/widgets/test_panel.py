@@ -96,8 +96,8 @@ def test_bars_labels_and_sparklines_follow_the_sampler(hub, backend):
         backend.devices = (gpu(utilization_gpu=utilization, memory_used=used),)
         wait_for(lambda u=utilization: row.utilization.value == u)
         wait_for(lambda used=used: row.memory.value == pytest.approx(100 * used / (100 * GIB)))
-    assert "87%" in row.utilization_label.value and "64.0 GiB of 100.0 GiB (64%)" in row.memory_label.value
-    assert row.utilization_spark.value.startswith("<svg") and "<polyline" in row.utilization_spark.value
+    assert "87%" in row.utilization_line.value and "64.0 GiB of 100.0 GiB (64%)" in row.memory_line.value
+    assert row.utilization_line.value.startswith("<svg") and "<polyline" in row.utilization_line.value
     assert "NVIDIA H200" in row.title.value and "50 °C" in row.title.value and "[simulated]" in row.title.value
     panel.close()
 
@@ -116,7 +116,7 @@ def test_history_stays_bounded(hub, backend):
     panel = GpuPanel(hub, interval=FAST, history=4)
     wait_for(lambda: backend.reads >= 9)
     assert len(panel.history) == 4
-    assert panel.rows[0].utilization_spark.value.count(",") == 4, "the sparkline draws the kept samples only"
+    assert panel.rows[0].utilization_line.value.count(",") == 4, "the sparkline draws the kept samples only"
     panel.close()
 
 
@@ -162,9 +162,9 @@ def test_this_kernels_memory_and_processes_are_marked(hub, backend):
     backend.devices = (gpu(memory_used=50 * GIB, processes=(GpuProcess(me, 12 * GIB), GpuProcess(31337, 30 * GIB))),)
     panel = GpuPanel(hub, interval=FAST)
     row = panel.rows[0]
-    assert "this kernel 12.0 GiB" in row.memory_label.value
-    assert f"<b>pid {me} (this kernel)</b> 12.0 GiB" in row.processes.value
-    assert "pid 31337 30.0 GiB" in row.processes.value
+    assert "this kernel 12.0 GiB" in row.memory_line.value
+    assert f"<b>pid {me} (this kernel)</b> 12.0 GiB" in row.details.value
+    assert "pid 31337 30.0 GiB" in row.details.value
     panel.close()
 
 
@@ -176,7 +176,7 @@ def test_alerts_colour_the_bars_and_show_their_message(hub, backend):
     wait_for(lambda: "GPU_IDLE_DURING_CELL" in [a.code for a in panel.alerts])
     row = panel.rows[0]
     assert row.memory.bar_style == "warning" and row.utilization.bar_style == "warning"
-    assert "95% full" in row.alerts.value and "input pipeline or host-bound: see %gpucheck" in row.alerts.value
+    assert "95% full" in row.details.value and "input pipeline or host-bound: see %gpucheck" in row.details.value
     panel.close()
 
 
@@ -185,8 +185,8 @@ def test_a_gpu_lost_mid_run_becomes_a_status_and_the_panel_keeps_going(hub, back
     panel = GpuPanel(hub, interval=FAST)
     lost = DeviceSample(1, "NVIDIA H200", "GPU-1", status="lost", error="NVML reports GPU 1 is lost: reboot.")
     backend.devices = (gpu(0, utilization_gpu=91.0), lost)
-    wait_for(lambda: "lost" in panel.rows[1].alerts.value)
-    assert panel.rows[1].utilization.bar_style == "danger" and panel.rows[1].utilization_label.value == "n/a"
+    wait_for(lambda: "lost" in panel.rows[1].details.value)
+    assert panel.rows[1].utilization.bar_style == "danger" and panel.rows[1].utilization_line.value == "n/a"
     wait_for(lambda: panel.rows[0].utilization.value == 91.0)  # the other GPU still updates
     assert len(sampler_threads()) == 1
     panel.close()
@@ -235,9 +235,9 @@ def test_fields_a_gpu_does_not_report_show_as_na_not_zero(hub, backend):
     backend.devices = (gpu(utilization_gpu=None, temperature_c=None, power_w=None, mig_enabled=True),)
     panel = GpuPanel(hub, interval=FAST)
     row = panel.rows[0]
-    assert row.utilization_label.value == "n/a (MIG on: not reported)"
+    assert row.utilization_line.value.endswith("n/a (MIG on: not reported)")
     assert "n/a °C" in row.title.value and "n/a W" in row.title.value
-    assert "<polyline" not in row.utilization_spark.value, "no line is drawn through values that do not exist"
+    assert "<polyline" not in row.utilization_line.value, "no line is drawn through values that do not exist"
     panel.close()
 
 
