@@ -107,7 +107,11 @@ class GpuPanel(widgets.VBox):
         self.close_button.on_click(lambda _: self.close())
         self.body = widgets.VBox()
         super().__init__([widgets.HBox([self.heading, self.close_button]), self.message, self.verdict_box, self.body])
-        self._lease = hub.acquire(interval, self._on_sample, start=False)
+        try:
+            self._lease = hub.acquire(interval, self._on_sample, start=False)
+        except BaseException:
+            _close_tree(self)  # a bad JUPYTER_GPU_BACKEND must not leave these widgets registered in the kernel
+            raise
         sampler = self._lease.sampler
         self.backend_name = sampler.backend.name
         self.simulated = sampler.backend.simulated

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from threads import sampler_threads, wait_for
 
 from jupyter_gpu.backends import SimulatedBackend
 from jupyter_gpu.metrics import Sample
@@ -39,15 +39,6 @@ class CountingBackend:
         pass
 
 
-def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 @pytest.fixture(autouse=True)

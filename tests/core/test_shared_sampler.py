@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from threads import sampler_threads, wait_for
 
 from jupyter_gpu.backends import BACKEND_ENV, BackendSpecError
 from jupyter_gpu.metrics import Sample
-from jupyter_gpu.sampler import THREAD_NAME
 from jupyter_gpu.shared_sampler import RateLimiter, SamplerHub, close_shared_hubs, shared_hub
 
 
@@ -30,15 +29,6 @@ class CountingBackend:
         self.closed += 1
 
 
-def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
 
 
 @pytest.fixture(autouse=True)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import ipywidgets
 import pytest
 from IPython.core.error import UsageError
-
-from jupyter_gpu.sampler import THREAD_NAME
+from threads import sampler_threads
 
 pytestmark = pytest.mark.usefixtures("simulated")
 
@@ -18,9 +16,6 @@ pytestmark = pytest.mark.usefixtures("simulated")
 def simulated(monkeypatch):
     monkeypatch.setenv("JUPYTER_GPU_BACKEND", "simulated:h200-busy")
 
-
-def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
 def panel_magics(ip):
@@ -98,5 +93,7 @@ def test_bad_input_is_one_sentence(ip, line, message):
 
 def test_unknown_backend_is_a_usage_error(ip, monkeypatch):
     monkeypatch.setenv("JUPYTER_GPU_BACKEND", "simulated:nonesuch")
+    before = len(ipywidgets.widgets.widget._instances)
     with pytest.raises(UsageError, match=r"Unknown simulated scenario 'nonesuch'.*JUPYTER_GPU_BACKEND"):
         ip.run_line_magic("gpupanel", "")
+    assert len(ipywidgets.widgets.widget._instances) == before, "the refused panel's widgets are closed"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 
 import ipywidgets
 import pytest
+from threads import sampler_threads, wait_for
 
 from jupyter_gpu.backends import SimulatedBackend
 from jupyter_gpu.metrics import DeviceSample, GpuProcess, Sample
@@ -22,19 +22,10 @@ GIB = 1024**3
 FAST = 0.1
 
 
-def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
-
 
 def live_widgets() -> int:
     return len(ipywidgets.widgets.widget._instances)
 
-
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 class ScriptedBackend:
