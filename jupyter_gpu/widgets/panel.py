@@ -110,7 +110,7 @@ class GpuPanel(widgets.VBox):
         try:
             self._lease = hub.acquire(interval, self._on_sample, start=False)
         except BaseException:
-            _close_tree(self)  # a bad JUPYTER_GPU_BACKEND must not leave these widgets registered in the kernel
+            self.close()  # a bad JUPYTER_GPU_BACKEND must not leave these widgets registered in the kernel
             raise
         sampler = self._lease.sampler
         self.backend_name = sampler.backend.name
@@ -157,7 +157,9 @@ class GpuPanel(widgets.VBox):
             if self.closed:
                 return
             self.closed = True
-        self._lease.close()
+        lease = getattr(self, "_lease", None)  # absent when the lease was refused (Widget.__del__ closes too)
+        if lease is not None:
+            lease.close()
         _close_tree(self)
 
     # -- updates -------------------------------------------------------------------------------------
