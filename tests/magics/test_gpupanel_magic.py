@@ -97,3 +97,15 @@ def test_unknown_backend_is_a_usage_error(ip, monkeypatch):
     with pytest.raises(UsageError, match=r"Unknown simulated scenario 'nonesuch'.*JUPYTER_GPU_BACKEND"):
         ip.run_line_magic("gpupanel", "")
     assert len(ipywidgets.widgets.widget._instances) == before, "the refused panel's widgets are closed"
+
+
+def test_gputime_shares_the_panels_thread_and_gives_the_rate_back(ip):
+    panel = ip.run_line_magic("gpupanel", "-o")
+    hub = panel._lease.hub
+    ip.user_ns.update(hub=hub, seen=[])
+    ip.run_cell_magic("gputime", "-q", "import threading, time\n"
+                      "time.sleep(0.4)\n"
+                      "seen.append((sum(t.name == 'jupyter-gpu-sampler' for t in threading.enumerate()),"
+                      " hub.sampler.interval))")
+    assert ip.user_ns["seen"] == [(1, 0.1)], "%%gputime leased the panel's thread at its own faster rate"
+    assert hub.sampler.interval == 1.0 and hub.leases == 1 and not panel.closed
