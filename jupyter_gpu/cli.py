@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
-from jupyter_gpu.options import OptionsError, SentenceParser, add_check_options, validate
+from jupyter_gpu.options import (
+    OptionsError,
+    SentenceParser,
+    add_check_options,
+    interval_type,
+    seconds_type,
+    validate,
+)
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C before anything was recorded, as a shell reports SIGINT
@@ -24,37 +30,12 @@ def build_parser() -> SentenceParser:
         description="Record GPU metrics (from NVML, or the backend JUPYTER_GPU_BACKEND names) to FILE, so "
                     "behaviour seen on a real GPU can be replayed with JUPYTER_GPU_BACKEND=replay:FILE.")
     record.add_argument("file", metavar="FILE", help="the recording to write (replaced if it exists)")
-    record.add_argument("--seconds", type=_seconds, required=True, metavar="S", help="how long to record")
-    record.add_argument("--interval", type=_interval, default=1.0, metavar="I",
+    record.add_argument("--seconds", type=seconds_type("--seconds"), required=True, metavar="S",
+                        help="how long to record")
+    record.add_argument("--interval", type=interval_type("--interval"), default=1.0, metavar="I",
                         help="seconds between samples (default 1, at least 0.1)")
     record.add_argument("-q", "--quiet", action="store_true", help="print no progress and no summary")
     return parser
-
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"needs a number of seconds, not {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"needs a finite number of seconds, not {text}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = _number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
-    return value
-
-
-def _interval(text: str) -> float:
-    from jupyter_gpu.sampler import MIN_INTERVAL  # deferred: only when --interval is given, never for --help
-
-    value = _number(text)
-    if value < MIN_INTERVAL:
-        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL} seconds, not {text}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

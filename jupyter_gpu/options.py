@@ -62,7 +62,7 @@ def gputime_parser(prog: str = "%gputime") -> SentenceParser:
     parser.add_argument("-r", dest="repeat", type=_whole_number("-r", 1), help="repeats")
     parser.add_argument("-w", dest="warmup", type=_whole_number("-w", 0), default=0, help="warm-up runs, not counted")
     parser.add_argument("--auto", action="store_true", help="choose the number of runs from --budget")
-    parser.add_argument("--budget", type=_positive_float("--budget"), default=None, metavar="SECONDS",
+    parser.add_argument("--budget", type=seconds_type("--budget"), default=None, metavar="SECONDS",
                         help="time to spend on timed runs with --auto (default 2)")
     parser.add_argument("--no-ops", dest="count_ops", action="store_false", help="do not count operators")
     parser.add_argument("-l", "--label", help="name of the result in compare()")
@@ -123,7 +123,8 @@ def _whole_number(flag: str, minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def _positive_float(flag: str) -> Callable[[str], float]:
+def seconds_type(flag: str) -> Callable[[str], float]:
+    """An argparse type for a positive, finite number of seconds (magics and the command line)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -131,6 +132,8 @@ def _positive_float(flag: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{flag} needs a number of seconds, not {text!r}") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{flag} must be a positive number of seconds, not {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number of seconds, not {text}")
         return value
     return parse
 
@@ -195,7 +198,7 @@ def _fraction(flag: str) -> Callable[[str], float]:
 
 def gpupanel_parser(prog: str = "%gpupanel") -> SentenceParser:
     parser = SentenceParser(prog=prog, add_help=False, description="A live panel of every GPU.")
-    parser.add_argument("--interval", type=_interval("--interval"), default=1.0, metavar="SECONDS",
+    parser.add_argument("--interval", type=interval_type("--interval"), default=1.0, metavar="SECONDS",
                         help="seconds between updates (default 1, at least 0.1)")
     parser.add_argument("--history", type=_whole_number("--history", 2), default=60, metavar="N",
                         help="samples kept in the sparklines (default 60)")
@@ -206,8 +209,9 @@ def gpupanel_parser(prog: str = "%gpupanel") -> SentenceParser:
     return parser
 
 
-def _interval(flag: str) -> Callable[[str], float]:
-    parse_positive = _positive_float(flag)
+def interval_type(flag: str) -> Callable[[str], float]:
+    """An argparse type for a sampling interval: seconds, at least the sampler's floor."""
+    parse_positive = seconds_type(flag)
 
     def parse(text: str) -> float:
         from jupyter_gpu.sampler import MIN_INTERVAL

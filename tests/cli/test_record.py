@@ -135,12 +135,13 @@ def test_ctrl_c_writes_what_was_recorded(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["--seconds", "0"], "Argument --seconds: must be more than 0 seconds, not 0."),
-    (["--seconds", "-2"], "Argument --seconds: must be more than 0 seconds, not -2."),
-    (["--seconds", "ten"], "Argument --seconds: needs a number of seconds, not 'ten'."),
-    (["--seconds", "inf"], "Argument --seconds: needs a finite number of seconds, not inf."),
+    (["--seconds", "0"], "Argument --seconds: --seconds must be a positive number of seconds, not 0."),
+    (["--seconds", "-2"], "Argument --seconds: --seconds must be a positive number of seconds, not -2."),
+    (["--seconds", "ten"], "Argument --seconds: --seconds needs a number of seconds, not 'ten'."),
+    (["--seconds", "inf"], "Argument --seconds: --seconds must be a finite number of seconds, not inf."),
     ([], "The following arguments are required: --seconds."),
-    (["--seconds", "5", "--interval", "0.05"], "Argument --interval: must be at least 0.1 seconds, not 0.05."),
+    (["--seconds", "5", "--interval", "0.05"],
+     "Argument --interval: --interval must be a number of seconds, at least 0.1, not 0.05."),
 ])
 def test_bad_durations_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], args, says):
     assert main(["record", str(tmp_path / "x.json"), *args]) == 2
