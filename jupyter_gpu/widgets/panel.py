@@ -68,8 +68,7 @@ class DeviceRow(widgets.VBox):
                                    view.MEMORY_COLOUR)
         self.memory_line.value = f"{spark} {escape(view.memory_text(device, kernel))}"
         blocks = [view.processes_html(device, kernel), view.mig_html(device), view.alerts_html(alerts)]
-        self.details.value = "".join(f"<div>{block}</div>" if not block.startswith("<div") else block
-                                     for block in blocks if block)
+        self.details.value = "".join(f"<div>{block}</div>" for block in blocks if block)
 
 
 class GpuPanel(widgets.VBox):
@@ -115,6 +114,10 @@ class GpuPanel(widgets.VBox):
         sampler = self._lease.sampler
         self.backend_name = sampler.backend.name
         self.simulated = sampler.backend.simulated
+        # Fixed for the panel's life: set once here, not rebuilt on every update.
+        self.heading.value = (f"<b>GPUs</b> <span style=\"opacity:.75\">{escape(self.backend_name)} · every "
+                              f"{self.interval:g} s</span>" + (' <span style="opacity:.75">[simulated]</span>'
+                                                                if self.simulated else ""))
         # A panel opened later starts with the history already sampled, thinned to its own rate; the grid of
         # its own updates starts at the fresh reading below, which it always shows.
         thinning = RateLimiter(interval)
@@ -177,9 +180,6 @@ class GpuPanel(widgets.VBox):
 
     def _show(self, sample: Sample, history: list[Sample], kernel: KernelView) -> None:
         label = "simulated" if self.simulated else ""
-        self.heading.value = (f"<b>GPUs</b> <span style=\"opacity:.75\">{escape(self.backend_name)} · every "
-                              f"{self.interval:g} s</span>" + (' <span style="opacity:.75">[simulated]</span>'
-                                                                if self.simulated else ""))
         if sample.status != "ok":
             self.message.value = view.alerts_html(self.alerts)
             self._start_verdict(sample)
