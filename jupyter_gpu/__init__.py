@@ -37,6 +37,21 @@ def unload_ipython_extension(ipython: Any) -> None:
     close_shared_hubs()  # whatever still holds a lease (a panel object kept in a variable) stops updating
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    # The side panel's built front end, installed into share/jupyter/labextensions/jupyter-gpu by the wheel.
+    return [{"src": "labextension", "dest": "jupyter-gpu"}]
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "jupyter_gpu"}]
+
+
+def _load_jupyter_server_extension(server_app: Any) -> None:
+    from jupyter_gpu.server import load_server_extension
+
+    load_server_extension(server_app)
+
+
 def __getattr__(name: str) -> Any:
     # Lazy public names keep `import jupyter_gpu` instant and free of torch/IPython imports.
     if name in ("require_gpu", "GpuUnavailableError"):

@@ -70,6 +70,20 @@ def sample_alerts(sample: Sample, history: Sequence[Sample], kernel: KernelView)
     return alerts
 
 
+def idle_during_cell_alerts(sample: Sample, history: Sequence[Sample], kernel: KernelView) -> list[Alert]:
+    """Only the "GPU idle while a cell runs" rule, for every device: the server checks it per busy kernel."""
+    if sample.status != "ok" or kernel.cell_started is None:
+        return []
+    alerts = []
+    for device in sample.devices:
+        if device.status != "ok":
+            continue
+        alert = _idle_during_cell(device, _readings(history, device.index), kernel, sample.timestamp)
+        if alert is not None:
+            alerts.append(alert)
+    return alerts
+
+
 def device_alerts(device: DeviceSample, utilization_history: Sequence[tuple[float, float]],
                   kernel: KernelView, now: float) -> list[Alert]:
     """Alerts for one device; `utilization_history` is (timestamp, percent) for this device, oldest first."""

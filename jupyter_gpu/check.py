@@ -27,3 +27,13 @@ def run_check(
     if options.save:
         save_snapshot(snapshot, options.save)
     return diagnose(snapshot, verbose=options.verbose)
+
+
+def check_this_environment(cache: TorchProbeCache | None = None) -> GpuCheckReport:
+    """`%gpucheck` with its default options, for surfaces that show a verdict (panels, the server).
+
+    Takes seconds (torch is probed in a child process): call it off any event loop or kernel thread.
+    """
+    from jupyter_gpu.options import check_parser
+
+    return run_check(check_parser("%gpucheck", magic=True).parse_args([]), cache=cache)

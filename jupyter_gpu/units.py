@@ -66,3 +66,18 @@ def _significant(value: float, digits: int) -> str:
     # 123 -> "123", 12.3 -> "12.3", 1.23 -> "1.23": the same precision whatever the unit.
     whole = len(str(int(abs(value)))) if abs(value) >= 1 else 1
     return f"{value:.{max(digits - whole, 0)}f}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """`10800` -> `3 h`: how long something has been idle or busy, rounded the way people say it."""
+    if seconds is None:
+        return "n/a"
+    seconds = max(seconds, 0.0)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    hours = seconds / 3600
+    if hours < 48:
+        return f"{hours:.1f} h".replace(".0 h", " h") if hours < 10 else f"{hours:.0f} h"
+    return f"{hours / 24:.0f} d"

@@ -15,12 +15,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import random
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from jupyter_gpu.backends.claims import CLAIMS_ENV, apply_claims, read_claims
 from jupyter_gpu.backends.nvml import NVML_ERROR_LIBRARY_NOT_FOUND, init_failure_message, lost_message
 from jupyter_gpu.metrics import DeviceSample, GpuProcess, MigInstance, Sample, throttle_reason_names
 
@@ -347,7 +350,8 @@ class SimulatedBackend:
 
     simulated = True
 
-    def __init__(self, scenario: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, scenario: str, clock: Callable[[], float] = time.monotonic,
+                 claims_dir: str | None = None) -> None:
         if scenario not in _SCENARIOS:
             raise ValueError(f"Unknown simulated scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}.")
         self.scenario = scenario
@@ -355,9 +359,14 @@ class SimulatedBackend:
         self._scenario = _SCENARIOS[scenario]
         self._clock = clock
         self._start = clock()
+        # Real processes that "hold" memory on these simulated GPUs (see backends/claims.py).
+        claims = claims_dir if claims_dir is not None else os.environ.get(CLAIMS_ENV)
+        self._claims = Path(claims) if claims else None
 
     def read(self) -> Sample:
         status, message, devices = self._scenario.read(self._clock() - self._start)
+        if self._claims is not None:
+            devices = apply_claims(devices, read_claims(self._claims))
         return Sample(time.time(), self.name, True, status=status, message=message, devices=devices)
 
     def close(self) -> None:

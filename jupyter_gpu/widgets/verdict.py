@@ -12,12 +12,10 @@ def gpucheck_verdict_html(cache: Any | None = None) -> str:
     """Run `%gpucheck`'s diagnosis of this kernel (torch is probed in a child process) and summarise it:
     the verdict, the primary finding and its exact fix. Takes seconds: call it off the kernel's thread.
     """
-    from jupyter_gpu.check import run_check
-    from jupyter_gpu.options import check_parser
+    from jupyter_gpu.check import check_this_environment
 
-    options = check_parser("%gpucheck", magic=True).parse_args([])
     try:
-        report = run_check(options, cache=cache)
+        report = check_this_environment(cache)
     except (OSError, ValueError) as exc:
         return f"<div>%gpucheck could not run: {escape(str(exc))}</div>"
     parts = [f'<div style="font-weight:600;color:{COLOUR[report.status]}">%gpucheck: {escape(report.verdict)}</div>']

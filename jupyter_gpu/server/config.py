@@ -1,0 +1,26 @@
+"""Server-side settings: `c.JupyterGpu.interval = 2` in jupyter_server_config.py, or `--JupyterGpu.interval=2`."""
+
+from __future__ import annotations
+
+from traitlets import Float, Int, TraitError, validate
+from traitlets.config import Configurable
+
+from jupyter_gpu.sampler import MIN_INTERVAL
+
+
+class JupyterGpu(Configurable):
+    interval = Float(1.0, config=True, help="Seconds between GPU readings (one sampler for every client).")
+    history = Int(600, config=True, help="Readings kept on the server, so a reopened panel shows its past.")
+
+    @validate("interval")
+    def _check_interval(self, proposal: dict) -> float:
+        value = proposal["value"]
+        if not value >= MIN_INTERVAL:
+            raise TraitError(f"JupyterGpu.interval must be at least {MIN_INTERVAL} s, got {value!r}.")
+        return value
+
+    @validate("history")
+    def _check_history(self, proposal: dict) -> int:
+        if proposal["value"] < 1:
+            raise TraitError(f"JupyterGpu.history must keep at least 1 reading, got {proposal['value']!r}.")
+        return proposal["value"]

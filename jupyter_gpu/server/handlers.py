@@ -1,0 +1,72 @@
+"""The server extension's HTTP endpoints; every one requires Jupyter's authentication (403 without it).
+
+They only read what the monitor has already computed, so they never wait on NVML.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tornado.web
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+
+from jupyter_gpu.server.monitor import GpuMonitor
+from jupyter_gpu.server.prometheus import CONTENT_TYPE
+
+MONITOR_SETTING = "jupyter_gpu_monitor"
+
+
+class _MonitorHandler(APIHandler):
+    # A panel polling all day must not count as user activity, or JupyterHub's idle culler never stops
+    # the server.
+    _track_activity = False
+
+    @property
+    def monitor(self) -> GpuMonitor:
+        return self.settings[MONITOR_SETTING]
+
+
+class MetricsHandler(_MonitorHandler):
+    @tornado.web.authenticated
+    def get(self) -> None:
+        since = self.get_argument("since", None)
+        value: float | None = None
+        if since is not None:
+            try:
+                value = float(since)
+            except ValueError:
+                value = math.nan
+            if not math.isfinite(value):
+                raise tornado.web.HTTPError(400, f"'since' must be a Unix time in seconds, got {since!r}.")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(self.monitor.metrics_json(value))
+
+
+class StatusHandler(_MonitorHandler):
+    @tornado.web.authenticated
+    async def get(self) -> None:
+        self.set_header("Cache-Control", "no-store")
+        self.finish(await self.monitor.status())
+
+
+class PrometheusHandler(_MonitorHandler):
+    """Scrape with `Authorization: token <server token>` (Prometheus' `authorization` credentials)."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        self.finish(self.monitor.prometheus_text(), set_content_type=CONTENT_TYPE)
+
+
+ROUTES: tuple[tuple[tuple[str, ...], type[_MonitorHandler]], ...] = (
+    (("jupyter-gpu", "api", "metrics"), MetricsHandler),
+    (("jupyter-gpu", "api", "status"), StatusHandler),
+    (("jupyter-gpu", "metrics"), PrometheusHandler),
+)
+
+
+def setup_handlers(web_app: Any, monitor: GpuMonitor) -> None:
+    web_app.settings[MONITOR_SETTING] = monitor
+    base_url = web_app.settings["base_url"]
+    web_app.add_handlers(".*$", [(url_path_join(base_url, *parts), handler) for parts, handler in ROUTES])
