@@ -41,3 +41,23 @@ def check_machine(lay_out: Callable[..., ProbeContext]) -> Callable[..., GpuChec
         return diagnose(gather_facts(lay_out(machine, **context)))
 
     return check
+
+
+@pytest.fixture(scope="session")
+def lab_a100(tmp_path_factory: pytest.TempPathFactory):
+    """A real JupyterLab under a JupyterHub-style base URL, eight simulated A100s (tests/fixtures/lab_server.py)."""
+    from lab_server import start_lab_server
+
+    server = start_lab_server(tmp_path_factory.mktemp("lab-a100"), "a100x8-mig", base_url="/user/alice/")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def lab_nodriver(tmp_path_factory: pytest.TempPathFactory):
+    """A real JupyterLab on a machine with no NVIDIA driver (simulated)."""
+    from lab_server import start_lab_server
+
+    server = start_lab_server(tmp_path_factory.mktemp("lab-nodriver"), "nodriver")
+    yield server
+    server.stop()

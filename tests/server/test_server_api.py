@@ -1,0 +1,139 @@
+"""The server extension in a real JupyterLab: authentication, metrics since T, status, Prometheus, attribution."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from jupyter_gpu.server.handlers import ROUTES
+
+ROUTE_PATHS = ["/".join(parts) for parts, _ in ROUTES]
+
+
+def test_there_are_the_three_documented_routes() -> None:
+    assert ROUTE_PATHS == ["jupyter-gpu/api/metrics", "jupyter-gpu/api/status", "jupyter-gpu/metrics"]
+
+
+@pytest.mark.parametrize("path", ROUTE_PATHS)
+def test_every_route_refuses_a_request_without_or_with_a_wrong_token(lab_a100, path: str) -> None:
+    assert lab_a100.request(path, token=None).status == 403
+    assert lab_a100.request(path, token="wrong").status == 403
+    assert lab_a100.request(path).status == 200
+
+
+def test_every_handler_method_is_decorated_for_authentication() -> None:
+    # Jupyter's own gate: with unauthenticated access off, an extension endpoint lacking @web.authenticated
+    # raises JupyterServerAuthWarning when it is added. Turned into an error here, in a fresh server process.
+    script = """
+import warnings
+from jupyter_server.serverapp import ServerApp
+from jupyter_server.utils import JupyterServerAuthWarning
+warnings.simplefilter("error", JupyterServerAuthWarning)
+app = ServerApp()
+app.initialize(argv=["--ServerApp.allow_unauthenticated_access=False", "--ServerApp.port=0",
+                     # only ours: other installed extensions are not this test's business
+                     "--ServerApp.jpserver_extensions={'jupyter_gpu': True, 'jupyter_lsp': False, "
+                     "'jupyterlab': False, 'notebook_shim': False, 'jupyter_server_terminals': False}",
+                     "--ServerApp.reraise_server_extension_failures=True", "--allow-root"])
+assert "jupyter_gpu_monitor" in app.web_app.settings  # our handlers were added, under the error filter
+print("checked")
+"""
+    env = {**os.environ, "JUPYTER_GPU_BACKEND": "simulated:h200"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("checked")
+
+
+def test_metrics_return_the_latest_sample_and_the_history_since_a_time(lab_a100) -> None:
+    full = lab_a100.request("jupyter-gpu/api/metrics").json()
+    assert full["api_version"] == 1 and full["backend"] == "simulated:a100x8-mig" and full["simulated"] is True
+    stamps = [s["timestamp"] for s in full["history"]]
+    assert stamps == sorted(stamps) and full["latest"]["timestamp"] == stamps[-1]
+    assert [d["name"] for d in full["latest"]["devices"]] == ["NVIDIA A100-SXM4-80GB"] * 8
+    time.sleep(1.2)
+    newer = lab_a100.request(f"jupyter-gpu/api/metrics?since={stamps[-1]!r}").json()
+    assert newer["history"] and all(s["timestamp"] > stamps[-1] for s in newer["history"])
+    # The history is the server's: a client that comes back later (a reopened panel) gets all of it.
+    again = lab_a100.request("jupyter-gpu/api/metrics").json()
+    assert [s["timestamp"] for s in again["history"]][: len(stamps)] == stamps
+
+
+def test_a_bad_since_is_a_400_with_a_sentence(lab_a100) -> None:
+    for bad in ("yesterday", "nan", "inf"):
+        reply = lab_a100.request(f"jupyter-gpu/api/metrics?since={bad}")
+        assert reply.status == 400
+        assert "'since' must be a Unix time in seconds" in reply.json()["message"]
+
+
+def test_fifty_clients_share_one_sampler_thread(lab_a100) -> None:
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        replies = list(pool.map(lambda _: lab_a100.request("jupyter-gpu/api/metrics?since=0"), range(50)))
+    assert {r.status for r in replies} == {200}
+    status = lab_a100.request("jupyter-gpu/api/status").json()
+    assert status["sampler_threads"] == 1
+    assert status["available"] is True and len(status["devices"]) == 8 and status["check"] is None
+
+
+def test_the_polling_panel_does_not_keep_the_server_from_being_culled(lab_a100) -> None:
+    before = lab_a100.request("api/status").json()["last_activity"]
+    time.sleep(0.05)
+    for path in ROUTE_PATHS:
+        lab_a100.request(path)
+    assert lab_a100.request("api/status").json()["last_activity"] == before
+
+
+def test_prometheus_exposes_the_same_figures_as_text(lab_a100) -> None:
+    reply = lab_a100.request("jupyter-gpu/metrics")
+    assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    text = reply.body.decode()
+    assert 'jupyter_gpu_up{backend="simulated:a100x8-mig",simulated="true"} 1' in text
+    assert text.count("jupyter_gpu_memory_total_bytes{") == 8
+    # MIG boards report no utilisation: left out, not 0.
+    assert 'jupyter_gpu_utilization_percent{gpu="0"' not in text
+    assert 'jupyter_gpu_utilization_percent{gpu="4"' in text
+
+
+def test_a_notebook_holding_gpu_memory_is_named_with_its_memory_and_idle_time(lab_a100) -> None:
+    session = lab_a100.new_notebook("Untitled3.ipynb")
+    pid = lab_a100.kernel_pid(session["kernel"]["id"])
+    lab_a100.hold_memory(pid, "22GB", device=4)
+
+    def named(payload: dict) -> bool:
+        return any(h["paths"] == ["Untitled3.ipynb"] for h in payload["holders"])
+
+    payload = lab_a100.wait_for_metrics(named)
+    row = next(h for h in payload["holders"] if h["paths"] == ["Untitled3.ipynb"])
+    assert row["kind"] == "kernel" and row["kernel_id"] == session["kernel"]["id"]
+    assert row["devices"] == [{"index": 4, "memory": 22 * 10**9}]
+    # A kernel no client has connected to yet may still be "starting"; the browser test sees it idle.
+    assert row["summary"].startswith("Untitled3.ipynb holds 20.5 GiB on GPU 4, ")
+    assert row["execution_state"] in ("starting", "idle")
+    text = lab_a100.request("jupyter-gpu/metrics").body.decode()
+    assert f'kernel_id="{session["kernel"]["id"]}",notebook="Untitled3.ipynb"}} 22000000000' in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting another user's process needs root (CI runs as root)")
+def test_another_users_process_shows_only_its_memory(lab_a100) -> None:
+    other = lab_a100.spawn([sys.executable, "-c", "import os, time; os.setuid(65534); time.sleep(300)"])
+    time.sleep(0.3)
+    lab_a100.hold_memory(other.pid, "3GiB", device=7)
+    payload = lab_a100.wait_for_metrics(
+        lambda p: any(h["devices"] == [{"index": 7, "memory": 3 * 1024**3}] for h in p["holders"]))
+    row = next(h for h in payload["holders"] if h["devices"] == [{"index": 7, "memory": 3 * 1024**3}])
+    assert row["kind"] == "other" and row["label"] == "other process" and row["pid"] is None
+    assert str(other.pid) not in str(row)
+
+
+def test_no_driver_status_gives_reason_verdict_and_fix(lab_nodriver) -> None:
+    status = lab_nodriver.request("jupyter-gpu/api/status").json()
+    assert status["available"] is False and status["status"] == "no_driver"
+    assert "NVML Shared Library Not Found" in status["reason"]
+    assert status["check"]["verdict"] and status["check"]["fix"]
+    metrics = lab_nodriver.request("jupyter-gpu/api/metrics").json()
+    assert metrics["latest"]["status"] == "no_driver" and metrics["latest"]["devices"] == []
+    assert "jupyter_gpu_up{" in lab_nodriver.request("jupyter-gpu/metrics").body.decode()
