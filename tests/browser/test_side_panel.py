@@ -1,0 +1,151 @@
+"""The JupyterLab side panel in a real JupyterLab and a real (headless) Chromium, as a user sees it.
+
+The server runs the simulated backends; kernels are real and hold simulated GPU memory through claims.
+The a100 server sits under a JupyterHub-style base URL (/user/alice/), so every test here also checks that
+the panel finds its API there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+def wait_until(condition, timeout: float = 20.0, message: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{message} not met in {timeout} s"
+        time.sleep(0.1)
+
+
+def test_the_panel_shows_every_gpu_and_its_utilisation_moves(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    assert lab.texts(".jp-GpuPanel-deviceName") == ["NVIDIA A100-SXM4-80GB"] * 8
+    assert "simulated" in lab.texts(".jp-GpuPanel-simulated")[0]
+    # MIG boards do not report utilisation: "n/a", never 0 %.
+    utilisation = lab.texts(".jp-GpuPanel-utilization")
+    assert utilisation[0] == utilisation[1] == "n/a"
+    assert all(text.endswith("%") for text in utilisation[2:])
+    assert all(" / 80.0 GiB" in text for text in lab.texts(".jp-GpuPanel-memory"))
+    assert all("W" in text for text in lab.texts(".jp-GpuPanel-power"))
+    assert all("°C" in text for text in lab.texts(".jp-GpuPanel-temperature"))
+    first_stamp = lab.attribute(".jp-GpuPanel", "data-last-sample")
+    wait_until(lambda: lab.texts(".jp-GpuPanel-utilization") != utilisation, message="utilisation moving")
+    assert lab.attribute(".jp-GpuPanel", "data-last-sample") != first_stamp
+    points = int(lab.attribute('.jp-GpuPanel-device[data-gpu-index="2"] '
+                               'svg.jp-GpuPanel-chart[data-metric="utilization"]', "data-points") or 0)
+    assert points >= 2
+    assert lab.page.locator('.jp-GpuPanel-alert[data-code="THROTTLED"]').count() == 1  # GPU 6 is power-capped
+    assert lab.dialogs == []
+
+
+def test_the_kernel_table_names_the_notebook_that_holds_memory_and_opens_it(lab_a100, lab_page) -> None:
+    session = lab_a100.new_notebook("train-resnet.ipynb")
+    lab_a100.hold_memory(lab_a100.kernel_pid(session["kernel"]["id"]), "22GB", device=4)
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    row = lab.page.locator('tr.jp-GpuPanel-holder[data-kind="kernel"]', has_text="train-resnet.ipynb")
+    row.wait_for(timeout=20_000)
+    assert row.locator(".jp-GpuPanel-holderLabel").inner_text() == "train-resnet.ipynb"
+    assert "20.5 GiB" in row.locator(".jp-GpuPanel-holderMemory").inner_text()
+    assert row.locator(".jp-GpuPanel-holderSummary").inner_text().startswith(
+        "train-resnet.ipynb holds 20.5 GiB on GPU 4")
+    # Other users' processes: memory only.
+    others = lab.page.locator('tr.jp-GpuPanel-holder[data-kind="other"] .jp-GpuPanel-holderLabel').all_inner_texts()
+    assert others and set(others) == {"other process"}
+    row.locator("button.jp-GpuPanel-open").click()
+    lab.page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text="train-resnet.ipynb").wait_for(
+        timeout=20_000)
+
+
+def test_names_from_nvml_and_notebook_paths_render_as_text(lab_a100, lab_page) -> None:
+    session = lab_a100.new_notebook(f"{XSS}.ipynb")
+    lab_a100.hold_memory(lab_a100.kernel_pid(session["kernel"]["id"]), "4GiB", device=3)
+    program = lab_a100.spawn(["bash", "-c", f"exec -a '{XSS}' sleep 300"])
+    time.sleep(0.3)
+    lab_a100.hold_memory(program.pid, "1GiB", device=7)
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    labels = '.jp-GpuPanel-holderLabel'
+    wait_until(lambda: lab.texts(labels).count(f"{XSS}.ipynb") == 1 and lab.texts(labels).count(XSS) == 1,
+               message="both crafted names listed")
+    assert any(text.startswith(f"{XSS}.ipynb holds 4.0 GiB on GPU 3") for text in
+               lab.texts(".jp-GpuPanel-holderSummary"))
+    assert lab.page.locator(".jp-GpuPanel img").count() == 0
+    time.sleep(1.5)  # a few more refreshes: an injected onerror would have fired by now
+    assert lab.dialogs == []
+
+
+def test_history_comes_from_the_server_and_survives_closing_the_panel(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    chart = '.jp-GpuPanel-device[data-gpu-index="4"] svg.jp-GpuPanel-chart[data-metric="memory"]'
+    before = int(lab.attribute(chart, "data-points") or 0)
+    assert before >= 10  # the server kept readings from before this tab existed
+    lab.toggle_panel()
+    time.sleep(2.0)
+    lab.open_panel()
+    # Reopened: the readings taken while it was closed are there at once (server interval 0.5 s).
+    wait_until(lambda: int(lab.attribute(chart, "data-points") or 0) >= min(before + 3, 600),
+               timeout=3.0, message="history refilled")
+
+
+def test_polling_pauses_while_the_panel_is_hidden(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    wait_until(lambda: len(lab.metrics_requests) >= 2, message="polling")
+    lab.toggle_panel()
+    time.sleep(0.5)
+    hidden_from = len(lab.metrics_requests)
+    time.sleep(3.0)
+    assert len(lab.metrics_requests) == hidden_from
+    lab.open_panel()
+    wait_until(lambda: len(lab.metrics_requests) >= hidden_from + 2, message="polling again")
+
+
+def test_errors_are_shown_and_polling_backs_off_then_recovers(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    lab.page.route("**/jupyter-gpu/api/metrics**", lambda route: route.fulfill(status=502, body="Bad Gateway"))
+    lab.page.locator(".jp-GpuPanel-error").wait_for(timeout=10_000)
+    start = len(lab.metrics_requests)
+    time.sleep(8.0)
+    failed = lab.metrics_requests[start:]
+    gaps = [b - a for a, b in zip(failed, failed[1:], strict=False)]
+    assert len(failed) < 8, f"no backoff: {len(failed)} requests in 8 s at a 1 s interval"
+    assert gaps and max(gaps) > 1.8
+    lab.page.unroute("**/jupyter-gpu/api/metrics**")
+    lab.page.locator(".jp-GpuPanel-error").wait_for(state="detached", timeout=70_000)
+    lab.page.wait_for_selector('.jp-GpuPanel[data-state="ok"]')
+
+
+def test_settings_choose_which_charts_show(lab_a100, lab_page) -> None:
+    raw = json.dumps({"showHolders": False, "showMemory": False, "refreshInterval": 2})
+    assert lab_a100.request("lab/api/settings/jupyter-gpu:plugin", method="PUT", body={"raw": raw}).status == 204
+    try:
+        lab = lab_page(lab_a100)
+        lab.open_panel()
+        assert lab.page.locator('svg.jp-GpuPanel-chart[data-metric="utilization"]').count() == 8
+        assert lab.page.locator('svg.jp-GpuPanel-chart[data-metric="memory"]').count() == 0
+        assert lab.page.locator("table.jp-GpuPanel-holders").count() == 0
+    finally:
+        lab_a100.request("lab/api/settings/jupyter-gpu:plugin", method="PUT", body={"raw": "{}"})
+
+
+def test_the_settings_editor_lists_the_panels_settings(lab_a100) -> None:
+    schema = lab_a100.request("lab/api/settings/jupyter-gpu:plugin").json()["schema"]
+    assert {"refreshInterval", "showUtilization", "showMemory", "showPowerAndTemperature", "showHolders"} <= set(
+        schema["properties"])
+
+
+def test_no_gpu_shows_the_reason_and_the_fix_instead_of_a_blank_panel(lab_nodriver, lab_page) -> None:
+    lab = lab_page(lab_nodriver)
+    lab.open_panel(state="unavailable")
+    assert "NVML Shared Library Not Found" in lab.texts(".jp-GpuPanel-reason")[0]
+    assert lab.texts(".jp-GpuPanel-verdict")[0].strip()
+    assert lab.texts("pre.jp-GpuPanel-fix")[0].strip()
+    assert lab.page.locator(".jp-GpuPanel-device").count() == 0
+
