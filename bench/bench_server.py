@@ -38,7 +38,7 @@ the backend reads actually made in the window are counted (ours: samples in the 
 its read counter). Runs are interleaved server by server, and `--rounds` splits `--seconds` over rounds
 whose order rotates, pooled at the end.
 
-    .venv/bin/python bench/bench_server.py [--seconds 60] [--clients 50] [--rounds 1] [--idle-seconds 5]
+    .venv/bin/python bench/bench_server.py [--seconds 60] [--clients 50] [--rounds 1] [--idle-seconds 10]
                                            [--no-burst] [--seed 1] [--json FILE] [--quick]
 
 The defaults take about five minutes on a 2-core machine; `--quick` is a 10 s smoke run of each.
@@ -103,15 +103,22 @@ MODES = ("staggered", "burst")
 # -- the backend's own cost, in this process -----------------------------------------------------------------
 
 
-def backend_cost(number: int = 100, repeat: int = 5) -> tuple[float, float]:
-    """Seconds per read of the eight simulated GPUs, and per encoding of one sample (the baseline's two steps)."""
+@dataclass(frozen=True)
+class BackendCost:
+    read_s: float  # one read of the eight simulated GPUs
+    encode_s: float  # json.dumps(sample.to_dict()): the baseline pays both per poll, ours once a second
+    sample_bytes: int  # one encoded sample, as ours keeps each in its history
+
+
+def backend_cost(number: int = 100, repeat: int = 5) -> BackendCost:
+    """The mean of `number` reads and encodings in this process, the median over `repeat` tries."""
     backend = select_backend(SPEC)
     sample = backend.read()  # the first read fills the backend's caches, as the server's first one does
     read = statistics.median(timeit.repeat(backend.read, number=number, repeat=repeat)) / number
     encode = statistics.median(timeit.repeat(lambda: json.dumps(sample.to_dict()), number=number,
                                              repeat=repeat)) / number
     backend.close()
-    return read, encode
+    return BackendCost(read, encode, len(json.dumps(sample.to_dict())))
 
 
 # -- the server process --------------------------------------------------------------------------------------
@@ -316,7 +323,7 @@ async def poll(conn: Connection, path: str, kind: Kind, tick: int, first: bool, 
     load.issued.setdefault(tick, []).append(started)
     try:
         status, body = await conn.get(path)
-    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, HttpError, ValueError) as exc:
+    except (TimeoutError, OSError, asyncio.IncompleteReadError, HttpError, ValueError) as exc:
         load.errors[type(exc).__name__] += 1
         return None
     elapsed = time.perf_counter() - started
@@ -409,6 +416,9 @@ async def measure(server: Server, run: Run, clients: int, seconds: float, idle_s
         await status(server, run, "during")
 
     await asyncio.gather(midway(), *tasks)
+    # The window is whole periods: every client polls once in each, whatever the shape (a burst's last replies
+    # are in long before its period ends), so CPU and requests/s are per second of the load as offered.
+    await asyncio.sleep(t0 + ticks * INTERVAL_S - loop.time())
     run.wall += loop.time() - started
     run.server_cpu += cpu_seconds(pid) - cpu0
     run.loop_cpu += cpu_seconds(pid, pid) - loop0
@@ -585,14 +595,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="load per (shape, server) pair, over the rounds")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds the seconds are split over")
-    parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle window before each load")
+    parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle window before each load")
     parser.add_argument("--no-burst", action="store_true", help="only the staggered shape")
     parser.add_argument("--seed", type=int, default=1, help="for the staggered start times")
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: 10 s of load, 2 s idle")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 10 s of load, 3 s idle")
     args = parser.parse_args()
     if args.quick:
-        args.seconds, args.idle_seconds = 10.0, 2.0
+        args.seconds, args.idle_seconds = 10.0, 3.0
     if args.clients < 1 or args.rounds < 1 or args.seconds / args.rounds < 2 * INTERVAL_S:
         parser.error("need at least one client, one round and two polls per round")
     started = time.perf_counter()

@@ -7,6 +7,7 @@ the panel finds its API there.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -114,7 +115,7 @@ def test_errors_are_shown_and_polling_backs_off_then_recovers(lab_a100, lab_page
     start = len(lab.metrics_requests)
     time.sleep(8.0)
     failed = lab.metrics_requests[start:]
-    gaps = [b - a for a, b in zip(failed, failed[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(failed)]
     assert len(failed) < 8, f"no backoff: {len(failed)} requests in 8 s at a 1 s interval"
     assert gaps and max(gaps) > 1.8
     lab.page.unroute("**/jupyter-gpu/api/metrics**")
