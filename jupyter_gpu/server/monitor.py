@@ -123,7 +123,6 @@ class GpuMonitor:
         if self._lease is not None:
             self._lease.close()
 
-
     # -- per sample (sampler thread) -----------------------------------------------------------------
 
     def _on_sample(self, sample: Sample) -> None:
@@ -132,24 +131,27 @@ class GpuMonitor:
         history = lease.sampler.history() if lease is not None and not lease.closed else [sample]
         alerts = server_alerts(sample, history, holders)
         now = sample.timestamp
-        self.view = View(
+        encoded = json.dumps(sample.to_dict())
+        view = View(
             sample=sample,
             holders=holders,
             holders_json=json.dumps([h.to_dict(now) for h in holders]),
             alerts_json=json.dumps([{"code": a.code, "severity": a.severity, "device": a.device,
                                      "message": a.message} for a in alerts]),
         )
-        encoded = json.dumps(sample.to_dict())
+        # History first, then the view, both under the lock: a reply never pairs one sample's holders with
+        # another sample's `latest`.
         with self._history.lock:
             self._history.stamps.append(sample.timestamp)
             self._history.encoded.append(encoded)
+            self.view = view
 
     # -- what the handlers send ----------------------------------------------------------------------
 
     def metrics_json(self, since: float | None = None) -> str:
         """`{"latest": sample, "history": [samples after since], "holders": [...], "alerts": [...]}`."""
-        view = self.view
         with self._history.lock:
+            view = self.view
             stamps, encoded = self._history.stamps, self._history.encoded
             start = len(stamps)
             if since is None:

@@ -29,7 +29,7 @@ export class GpuApi {
 
   private async _get(url: string): Promise<unknown> {
     // A NetworkError (server down, proxy gone) is thrown by makeRequest itself.
-    const response = await ServerConnection.makeRequest(url, { method: 'GET', cache: 'no-store' }, this.settings);
+    const response = await ServerConnection.makeRequest(url, { method: 'GET' }, this.settings);
     if (!response.ok) {
       throw await ServerConnection.ResponseError.create(response);
     }

@@ -501,10 +501,16 @@ export function unavailableView(metrics: Metrics | null, status: Status | null):
     (status && status.devices.length === 0 ? 'NVML lists no GPU.' : null) ??
     'No GPU is available to this server.';
   const check = status?.check ?? null;
+  const verdict = check?.verdict || null;
+  let headline = check?.headline || null;
+  // %gpucheck's verdict often already says the headline: show it once.
+  if (headline && verdict && verdict.toLowerCase().includes(headline.toLowerCase().replace(/[.\s]+$/, ''))) {
+    headline = null;
+  }
   return {
     reason,
-    verdict: check?.verdict || null,
-    headline: check?.headline ?? null,
+    verdict,
+    headline,
     fix: check ? check.fix.join('\n') : '',
     checkStatus: check?.status ?? null
   };

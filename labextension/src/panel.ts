@@ -136,7 +136,8 @@ class Chart {
       viewBox: `0 0 ${CHART_WIDTH} ${CHART_HEIGHT}`,
       preserveAspectRatio: 'none',
       role: 'img',
-      'aria-label': label
+      'aria-label': label,
+      'data-points': '0'
     });
     for (const y of [CHART_HEIGHT / 2]) {
       this._svg.appendChild(
@@ -154,7 +155,9 @@ class Chart {
     const points = deviceSeries(history, index, this.metric);
     const line = window ? polylinePoints(points, window, CHART_WIDTH, CHART_HEIGHT) : '';
     setAttr(this._line, 'points', line);
+    // The count is on the polyline and on its chart (the browser tests read the chart's).
     setAttr(this._line, 'data-points', String(points.length));
+    setAttr(this._svg, 'data-points', String(points.length));
     let area = '';
     if (window && points.length > 1) {
       const first = line.slice(0, line.indexOf(',')); // x of the first point
@@ -429,6 +432,7 @@ export class GpuPanel extends Widget {
   private _needFull = true;
 
   // Fixed parts of the DOM, attached only when they have something to show.
+  private readonly _top: HTMLDivElement;
   private readonly _header: HTMLDivElement;
   private readonly _simulated: HTMLSpanElement;
   private readonly _backend: HTMLSpanElement;
@@ -458,6 +462,8 @@ export class GpuPanel extends Widget {
     this._api = new GpuApi(options.serverSettings);
     this._openPath = options.openPath;
 
+    // Header and error line stay at the top while the GPUs scroll under them.
+    this._top = el('div', 'jp-GpuPanel-top');
     this._header = el('div', 'jp-GpuPanel-header');
     this._header.append(el('span', 'jp-GpuPanel-title', 'GPU'));
     this._simulated = el('span', 'jp-GpuPanel-badge jp-GpuPanel-simulated', 'simulated');
@@ -612,6 +618,7 @@ export class GpuPanel extends Widget {
     const simulated = metrics?.simulated ?? this._status?.simulated ?? latest?.simulated ?? false;
     const backend = metrics?.backend ?? this._status?.backend ?? null;
     setText(this._backend, backend ?? '');
+    setAttr(this._backend, 'title', backend ? `GPU backend: ${backend}` : null);
     setAttr(this._simulated, 'title', simulated ? `Simulated GPUs (${backend ?? 'simulated backend'}): not real readings` : null);
     setChildren(this._header, [
       this._header.firstChild as Node,
@@ -619,11 +626,11 @@ export class GpuPanel extends Widget {
       ...(backend ? [this._backend] : [])
     ]);
 
-    const parts: Node[] = [this._header];
     if (failed) {
       setText(this._errorLine, `Cannot reach the GPU API: ${this._error} — retrying`);
-      parts.push(this._errorLine);
     }
+    setChildren(this._top, failed ? [this._header, this._errorLine] : [this._header]);
+    const parts: Node[] = [this._top];
 
     // What to show, whether or not the last request failed (a failure keeps the last data on screen).
     const view = metrics === null ? (failed ? 'none' : 'loading') : panelState(metrics, this._status, false);
@@ -665,7 +672,7 @@ export class GpuPanel extends Widget {
       verdict.setAttribute('data-status', view.checkStatus ?? '');
       nodes.push(verdict);
     }
-    if (view.headline && view.headline !== view.verdict) {
+    if (view.headline) {
       nodes.push(el('p', 'jp-GpuPanel-headline', view.headline));
     }
     if (view.fix) {

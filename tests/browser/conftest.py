@@ -13,8 +13,10 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-b
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    # Module scope, not session: Playwright's sync API keeps an asyncio loop running on this thread until
+    # it exits, and later tests (asyncio.run, nbval's kernels) need the thread without one.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -35,7 +37,8 @@ class LabPage:
         self.page.on("dialog", lambda dialog: (self.dialogs.append(dialog.message), dialog.dismiss()))
         self.metrics_requests: list[float] = []
         self.page.on("request", self._count)
-        self.page.goto(f"{server.base}lab?token={TOKEN}")
+        # ?reset: start from an empty workspace, not the layout an earlier test left on the server.
+        self.page.goto(f"{server.base}lab?reset&token={TOKEN}")
         self.page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
 
     def _count(self, request: object) -> None:

@@ -14,11 +14,13 @@ import time
 XSS = "<img src=x onerror=alert(1)>"
 
 
-def wait_until(condition, timeout: float = 20.0, message: str = "condition") -> None:
+def wait_until(lab, condition, timeout: float = 20.0, message: str = "condition") -> None:
+    # Waits through Playwright, never time.sleep: the sync API delivers page events (requests, dialogs)
+    # only while it runs, so a plain sleep would freeze the request counter.
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{message} not met in {timeout} s"
-        time.sleep(0.1)
+        lab.page.wait_for_timeout(100)
 
 
 def test_the_panel_shows_every_gpu_and_its_utilisation_moves(lab_a100, lab_page) -> None:
@@ -34,7 +36,7 @@ def test_the_panel_shows_every_gpu_and_its_utilisation_moves(lab_a100, lab_page)
     assert all("W" in text for text in lab.texts(".jp-GpuPanel-power"))
     assert all("°C" in text for text in lab.texts(".jp-GpuPanel-temperature"))
     first_stamp = lab.attribute(".jp-GpuPanel", "data-last-sample")
-    wait_until(lambda: lab.texts(".jp-GpuPanel-utilization") != utilisation, message="utilisation moving")
+    wait_until(lab, lambda: lab.texts(".jp-GpuPanel-utilization") != utilisation, message="utilisation moving")
     assert lab.attribute(".jp-GpuPanel", "data-last-sample") != first_stamp
     points = int(lab.attribute('.jp-GpuPanel-device[data-gpu-index="2"] '
                                'svg.jp-GpuPanel-chart[data-metric="utilization"]', "data-points") or 0)
@@ -66,17 +68,17 @@ def test_names_from_nvml_and_notebook_paths_render_as_text(lab_a100, lab_page) -
     session = lab_a100.new_notebook(f"{XSS}.ipynb")
     lab_a100.hold_memory(lab_a100.kernel_pid(session["kernel"]["id"]), "4GiB", device=3)
     program = lab_a100.spawn(["bash", "-c", f"exec -a '{XSS}' sleep 300"])
-    time.sleep(0.3)
+    time.sleep(0.3)  # exec replaces bash with the renamed sleep
     lab_a100.hold_memory(program.pid, "1GiB", device=7)
     lab = lab_page(lab_a100)
     lab.open_panel()
     labels = '.jp-GpuPanel-holderLabel'
-    wait_until(lambda: lab.texts(labels).count(f"{XSS}.ipynb") == 1 and lab.texts(labels).count(XSS) == 1,
+    wait_until(lab, lambda: lab.texts(labels).count(f"{XSS}.ipynb") == 1 and lab.texts(labels).count(XSS) == 1,
                message="both crafted names listed")
     assert any(text.startswith(f"{XSS}.ipynb holds 4.0 GiB on GPU 3") for text in
                lab.texts(".jp-GpuPanel-holderSummary"))
     assert lab.page.locator(".jp-GpuPanel img").count() == 0
-    time.sleep(1.5)  # a few more refreshes: an injected onerror would have fired by now
+    lab.page.wait_for_timeout(1500)  # a few more refreshes: an injected onerror would have fired by now
     assert lab.dialogs == []
 
 
@@ -87,24 +89,24 @@ def test_history_comes_from_the_server_and_survives_closing_the_panel(lab_a100, 
     before = int(lab.attribute(chart, "data-points") or 0)
     assert before >= 10  # the server kept readings from before this tab existed
     lab.toggle_panel()
-    time.sleep(2.0)
+    lab.page.wait_for_timeout(2000)
     lab.open_panel()
     # Reopened: the readings taken while it was closed are there at once (server interval 0.5 s).
-    wait_until(lambda: int(lab.attribute(chart, "data-points") or 0) >= min(before + 3, 600),
+    wait_until(lab, lambda: int(lab.attribute(chart, "data-points") or 0) >= min(before + 3, 600),
                timeout=3.0, message="history refilled")
 
 
 def test_polling_pauses_while_the_panel_is_hidden(lab_a100, lab_page) -> None:
     lab = lab_page(lab_a100)
     lab.open_panel()
-    wait_until(lambda: len(lab.metrics_requests) >= 2, message="polling")
+    wait_until(lab, lambda: len(lab.metrics_requests) >= 2, message="polling")
     lab.toggle_panel()
-    time.sleep(0.5)
+    lab.page.wait_for_timeout(500)
     hidden_from = len(lab.metrics_requests)
-    time.sleep(3.0)
+    lab.page.wait_for_timeout(3000)
     assert len(lab.metrics_requests) == hidden_from
     lab.open_panel()
-    wait_until(lambda: len(lab.metrics_requests) >= hidden_from + 2, message="polling again")
+    wait_until(lab, lambda: len(lab.metrics_requests) >= hidden_from + 2, message="polling again")
 
 
 def test_errors_are_shown_and_polling_backs_off_then_recovers(lab_a100, lab_page) -> None:
@@ -113,7 +115,7 @@ def test_errors_are_shown_and_polling_backs_off_then_recovers(lab_a100, lab_page
     lab.page.route("**/jupyter-gpu/api/metrics**", lambda route: route.fulfill(status=502, body="Bad Gateway"))
     lab.page.locator(".jp-GpuPanel-error").wait_for(timeout=10_000)
     start = len(lab.metrics_requests)
-    time.sleep(8.0)
+    lab.page.wait_for_timeout(8000)
     failed = lab.metrics_requests[start:]
     gaps = [b - a for a, b in itertools.pairwise(failed)]
     assert len(failed) < 8, f"no backoff: {len(failed)} requests in 8 s at a 1 s interval"
