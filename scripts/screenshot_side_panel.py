@@ -31,7 +31,7 @@ def shoot(scenario: str, out: Path, setup) -> None:
         setup(server)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page = browser.new_page(viewport={"width": 1500, "height": 1500})
             page.goto(f"{server.base}lab?token={TOKEN}")
             page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
             page.click('.jp-SideBar [data-id="jupyter-gpu-panel"]')

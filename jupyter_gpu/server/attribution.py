@@ -2,8 +2,8 @@
 
 A GPU process belongs to a kernel when the kernel's pid is the process or one of its ancestors (DataLoader
 workers and subprocesses count for the notebook that started them). A process of the server's own user that
-no kernel started is named by its program; anyone else's is an "other process" with its memory only: no
-pid, no name, no command line.
+no kernel started is named by its program; anyone else's processes are "other process" rows, one per GPU,
+with their memory (and how many there are) only: no pid, no name, no command line.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from jupyter_gpu.units import format_bytes, format_duration
 
 MAX_ANCESTRY = 64  # a parent chain longer than this is a loop in a hand-made /proc, not a real process tree
 OTHER_PROCESS = "other process"
+KIND_ORDER = {"kernel": 0, "process": 1, "other": 2}
 
 
 @dataclass
@@ -49,16 +50,24 @@ class Holder:
         held = " and ".join(
             f"{format_bytes(memory)} on GPU {index}" if memory is not None else f"memory on GPU {index}"
             for index, memory in sorted(self.memory_by_device.items()))
-        text = f"{self.label} holds {held}"
-        kernel = self.kernel
-        if kernel is not None:
-            if kernel.busy_since is not None:
-                text += f", busy for {format_duration(now - kernel.busy_since)}"
-            elif kernel.execution_state == "idle" and kernel.last_activity is not None:
-                text += f", idle for {format_duration(now - kernel.last_activity)}"
-            elif kernel.execution_state not in ("idle", "busy"):
-                text += f", kernel {kernel.execution_state}"
+        verb = "hold" if self.kind == "other" and len(self.pids) > 1 else "holds"
+        text = f"{self.label} {verb} {held}"
+        state = self.state(now)
+        if state is not None:
+            kind, _, duration = state.partition(" ")
+            text += f", {kind} for {duration}" if duration else f", kernel {kind}"
         return text
+
+    def state(self, now: float) -> str | None:
+        """The kernel's state for the table: "idle 3 h", "busy 12 min", "starting"; None for processes."""
+        kernel = self.kernel
+        if kernel is None:
+            return None
+        if kernel.busy_since is not None:
+            return f"busy {format_duration(now - kernel.busy_since)}"
+        if kernel.execution_state == "idle" and kernel.last_activity is not None:
+            return f"idle {format_duration(now - kernel.last_activity)}"
+        return kernel.execution_state
 
     def to_dict(self, now: float) -> dict[str, Any]:
         kernel = self.kernel
@@ -73,6 +82,7 @@ class Holder:
             "kernel_name": kernel.name if kernel else None,
             "paths": list(kernel.paths) if kernel else [],
             "execution_state": kernel.execution_state if kernel else None,
+            "state": self.state(now),
             "idle_seconds": _idle_seconds(kernel, now),
             "busy_seconds": None if kernel is None or kernel.busy_since is None else max(now - kernel.busy_since, 0),
         }
@@ -104,13 +114,17 @@ def attribute(sample: Sample | None, kernels: Iterable[KernelInfo], lookup: Proc
                     holder = holders.get(key) or Holder("process", info.name or f"pid {process.pid}",
                                                         pid=process.pid)
                 else:
-                    # Another user's (or an invisible) process: its pid is kept only as a grouping key.
-                    key = ("other", process.pid)
+                    # Other users' (or invisible) processes: one row per GPU, so the table says how much
+                    # memory is taken from the notebooks without describing anyone else's work.
+                    key = ("other", device.index)
                     holder = holders.get(key) or Holder("other", OTHER_PROCESS)
             holders[key] = holder
             holder.pids.add(process.pid)
             holder.add(device.index, process.memory_used)
-    return sorted(holders.values(), key=lambda h: (-(h.memory or 0), h.kind, h.label))
+            if holder.kind == "other" and len(holder.pids) > 1:
+                holder.label = f"{len(holder.pids)} other processes"
+    # Notebooks first (the question the table answers), then the user's own processes, then everyone else.
+    return sorted(holders.values(), key=lambda h: (KIND_ORDER[h.kind], -(h.memory or 0), h.label))
 
 
 def _owning_kernel(pid: int, kernels: dict[int, KernelInfo], lookup: ProcessLookup) -> KernelInfo | None:

@@ -6,7 +6,7 @@
  * who holds memory, "idle for 3 h") are the server's: this module only reshapes what it sends.
  */
 
-import { formatBytes, formatDuration, formatSpan } from './format';
+import { formatBytes, formatSpan } from './format';
 
 export const API_VERSION = 1;
 /** Samples the panel keeps: the server keeps 600 by default. */
@@ -87,6 +87,8 @@ export interface Holder {
   kernel_name: string | null;
   paths: string[];
   execution_state: string | null;
+  /** The server's words for the kernel's state: "idle 3 h", "busy 12 min", "starting". */
+  state: string | null;
   idle_seconds: number | null;
   busy_seconds: number | null;
 }
@@ -251,6 +253,7 @@ export function parseHolder(data: Json): Holder {
     kernel_name: str(data.kernel_name),
     paths: list(data.paths).filter((p): p is string => typeof p === 'string' && p !== ''),
     execution_state: str(data.execution_state),
+    state: str(data.state),
     idle_seconds: num(data.idle_seconds),
     busy_seconds: num(data.busy_seconds)
   };
@@ -539,17 +542,12 @@ export interface HolderRow {
 }
 
 function holderState(holder: Holder): { state: string | null; kind: string | null } {
+  // The words come from the server ("idle 3 h"); only the colour is chosen here.
   const execution = holder.execution_state;
-  if (holder.kind !== 'kernel' || execution === null) {
+  if (holder.kind !== 'kernel' || holder.state === null) {
     return { state: null, kind: null };
   }
-  if (execution === 'idle' && holder.idle_seconds !== null) {
-    return { state: `idle ${formatDuration(holder.idle_seconds)}`, kind: 'idle' };
-  }
-  if (execution === 'busy' && holder.busy_seconds !== null) {
-    return { state: `busy ${formatDuration(holder.busy_seconds)}`, kind: 'busy' };
-  }
-  return { state: execution, kind: execution === 'idle' || execution === 'busy' ? execution : 'other' };
+  return { state: holder.state, kind: execution === 'idle' || execution === 'busy' ? execution : 'other' };
 }
 
 /** One table row per holder, in the server's order (biggest first). */

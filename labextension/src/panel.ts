@@ -648,12 +648,13 @@ export class GpuPanel extends Widget {
       if (metrics.alerts.length) {
         parts.push(this._alerts);
       }
-      this._renderDevices(latest);
-      parts.push(this._devicesSection);
+      // Who holds the memory comes before the charts: it is the question this panel answers first.
       if (this._settings.showHolders) {
         this._renderHolders(metrics);
         parts.push(this._holdersSection);
       }
+      this._renderDevices(latest);
+      parts.push(this._devicesSection);
     }
     setChildren(this.node, parts);
   }

@@ -182,7 +182,7 @@ test('holder rows: the server order, its summaries and labels verbatim', () => {
   const metrics = golden();
   const rows = holderRows(metrics.holders);
   assert.equal(rows.length, metrics.holders.length);
-  assert.equal(rows.length, 15);
+  assert.equal(rows.length, 10);
   assert.equal(new Set(rows.map(r => r.key)).size, rows.length, 'row keys are unique');
 
   const untitled = rows.find(r => r.label === 'Untitled3.ipynb');
@@ -213,17 +213,22 @@ test('holder rows: the server order, its summaries and labels verbatim', () => {
   assert.equal(process.state, null);
 
   const others = rows.filter(r => r.kind === 'other');
-  assert.equal(others.length, 12);
+  assert.equal(others.length, 7); // one row per GPU for other users' processes
+  assert.deepEqual(
+    others.map(o => o.label),
+    ['other process', 'other process', 'other process', 'other process', '2 other processes',
+      '4 other processes', '2 other processes']
+  );
   for (const other of others) {
-    assert.equal(other.label, 'other process');
     assert.equal(other.showSummary, false);
     assert.deepEqual(other.paths, []);
     assert.equal(other.pid, null);
     assert.equal(other.state, null);
   }
-  // Biggest first, as the server sorted them.
-  assert.equal(rows[0].total, '74.2 GiB');
-  assert.deepEqual(rows[0].memory, [{ index: 5, text: 'GPU 5: 74.2 GiB' }]);
+  // Notebooks first, then the user's own processes, then everyone else's, as the server sorted them.
+  assert.deepEqual(rows.map(r => r.kind).slice(0, 4), ['kernel', 'kernel', 'process', 'other']);
+  assert.equal(rows[3].total, '74.2 GiB');
+  assert.deepEqual(rows[3].memory, [{ index: 5, text: 'GPU 5: 74.2 GiB' }]);
 });
 
 test('alerts are the server\'s, unchanged', () => {

@@ -72,7 +72,18 @@ def test_an_invisible_pid_is_another_process_and_the_users_own_process_is_named(
     kinds = {h.kind: h.to_dict(NOW) for h in holders}
     assert kinds["process"]["label"] == "<img src=x onerror=alert(1)>" and kinds["process"]["pid"] == 700
     assert kinds["other"]["label"] == OTHER_PROCESS
-    assert [h.kind for h in holders] == ["other", "process"]  # biggest first
+    assert [h.kind for h in holders] == ["process", "other"]  # the user's own before everyone else's
+
+
+def test_other_processes_are_one_row_per_gpu_and_notebooks_come_first() -> None:
+    others = (GpuProcess(901, 40 * GB), GpuProcess(902, 30 * GB))
+    holders = attribute(sample((*others, GpuProcess(500, 1 * GB)), (GpuProcess(903, 5 * GB),)),
+                        [kernel(500)], table(p500=(1, ME, "python")), ME)
+    rows = [h.to_dict(NOW) for h in holders]
+    assert [(r["kind"], r["label"], r["memory"]) for r in rows] == [
+        ("kernel", "Untitled3.ipynb", 1 * GB), ("other", "2 other processes", 70 * GB),
+        ("other", "other process", 5 * GB)]
+    assert rows[1]["summary"] == "2 other processes hold 65.2 GiB on GPU 0"
 
 
 def test_unknown_memory_is_said_not_counted_as_zero() -> None:
