@@ -1,5 +1,7 @@
-"""The side panel's server API under load: 50 clients polling every second against one Jupyter server for a
-minute on loopback, against nvdashboard's design of one sampling loop per client.
+"""Load on the side panel's server API: 50 clients polling one Jupyter server every second for a minute.
+
+Ours (one sampler thread, whatever the number of clients) side by side with nvdashboard's design (one sampling
+loop per client), on loopback.
 
 Every server is a real `jupyter_server` (the jupyterlab install's, all its extensions loaded) started in its
 own process with `JUPYTER_GPU_BACKEND=simulated:a100x8-mig` (eight simulated A100s, two split with MIG), so
@@ -19,10 +21,10 @@ the same work is done on a machine without a GPU. Two server kinds get the same 
   mean of 100 reads, and of 100 encodings) so the per-client figures can be checked by arithmetic.
 
 The clients run in this process, a separate one from the server, on one asyncio loop: each holds a keep-alive
-HTTP/1.1 connection (as a browser tab does) spoken over raw asyncio streams, which cost a few tens of µs a
-request, so the client is not the bottleneck (its own CPU is printed to show it). Latency is from writing the
-request to having read the whole reply, for every poll after a client's first (the first, a full-history
-reply, is reported apart). Two load shapes:
+HTTP/1.1 connection (as a browser tab does) spoken over raw asyncio streams, far lighter than a full HTTP
+client, so the client is not the bottleneck: its CPU, JSON parsing included, is printed to show it (a few % of
+a core for 50 polls a second). Latency is from writing the request to having read the whole reply, for every
+poll after a client's first (the first, a full-history reply, is reported apart). Two load shapes:
 
 - staggered: each client's start is drawn uniformly over the first second (seeded), then it polls on its own
   1 s grid, as independent browser tabs do;
@@ -37,6 +39,10 @@ thread (the main thread) is read from `/proc/<pid>/task/<pid>/stat`. `sampler_th
 the backend reads actually made in the window are counted (ours: samples in the server's history; per-client:
 its read counter). Runs are interleaved server by server, and `--rounds` splits `--seconds` over rounds
 whose order rotates, pooled at the end.
+
+Both servers also load `bench/gc_probe_ext.py`, which times the garbage collector's pauses during the load: a
+full collection of a JupyterLab server's ~200,000 objects stops its event loop for ~100 ms, so in a burst the
+p99 and max mostly say whether one landed on a burst, whichever the server kind; the probe tells them apart.
 
     .venv/bin/python bench/bench_server.py [--seconds 60] [--clients 50] [--rounds 1] [--idle-seconds 10]
                                            [--no-burst] [--seed 1] [--json FILE] [--quick]
@@ -68,9 +74,11 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpu.backends import BACKEND_ENV, select_backend
+from jupyter_gpu.server.config import JupyterGpu
 
 BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))  # the baseline's module, imported here only for its constants
+sys.path.insert(0, str(BENCH_DIR))  # the servers' bench extensions, imported here only for their constants
+from gc_probe_ext import PATH as GC_PROBE  # noqa: E402
 from per_client_sampling_ext import PREFIX, SPEC  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -78,6 +86,7 @@ INTERVAL_S = 1.0  # the clients' poll period and the server sampler's interval
 REQUEST_TIMEOUT_S = 10.0
 START_TIMEOUT_S = 60.0
 SETTLE_S = 1.0  # after the server answers: the first samples and the extensions' start-up work are one-off
+HISTORY: int = JupyterGpu.class_traits()["history"].default_value  # the most samples a first poll of ours gets
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,15 @@ class Kind:
     args: tuple[str, ...]
 
 
+# Extensions named on the command line are added to those the install's config enables (jupyter_gpu among them).
 KINDS: tuple[Kind, ...] = (
     Kind("ours", "jupyter-gpu: one sampler thread, pre-encoded JSON", "/jupyter-gpu/api/metrics",
-         "/jupyter-gpu/api/status", True, (f"--JupyterGpu.interval={INTERVAL_S:g}",)),
+         "/jupyter-gpu/api/status", True,
+         (f"--JupyterGpu.interval={INTERVAL_S:g}", "--ServerApp.jpserver_extensions={'gc_probe_ext': True}")),
     Kind("per-client", "nvdashboard's design: a backend read per client tick, on the event loop",
          f"/{PREFIX}/metrics", f"/{PREFIX}/status", False,
-         ("--ServerApp.jpserver_extensions={'per_client_sampling_ext': True, 'jupyter_gpu': False}",)),
+         ("--ServerApp.jpserver_extensions="
+          "{'per_client_sampling_ext': True, 'jupyter_gpu': False, 'gc_probe_ext': True}",)),
 )
 MODES = ("staggered", "burst")
 
@@ -131,6 +143,12 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     # proc(5) are then at 11 and 12.
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process on the machine has used (all cores), from the first line of /proc/stat."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
 def os_threads(pid: int) -> int:
@@ -244,7 +262,7 @@ class HttpError(Exception):
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection over asyncio streams: a request costs tens of µs on this side."""
+    """One keep-alive HTTP/1.1 connection over asyncio streams: just enough HTTP for tornado's replies."""
 
     def __init__(self, port: int, token: str) -> None:
         self.port = port
@@ -330,15 +348,20 @@ async def poll(conn: Connection, path: str, kind: Kind, tick: int, first: bool, 
     if status != 200:
         load.errors[f"HTTP {status}"] += 1
         return None
+    # Parsed as the panel would; after the clock stopped, so the parse is not counted as latency.
+    try:
+        data = json.loads(body)
+        latest = data if not kind.incremental else data["latest"]
+        stamp = float(latest["timestamp"]) if latest else None
+        history = len(data["history"]) if kind.incremental else 0
+    except (ValueError, KeyError, TypeError):
+        load.errors["bad reply"] += 1
+        return None
     (load.first_latencies if first else load.latencies).append(elapsed)
     (load.first_bytes if first else load.reply_bytes).append(len(body))
-    # Parsed as the panel would; after the clock stopped, so the parse is not counted as latency.
-    data = json.loads(body)
-    if not kind.incremental:
-        return data["timestamp"]
-    if not first:
-        load.history_samples.append(len(data["history"]))
-    return data["latest"]["timestamp"] if data["latest"] else None
+    if kind.incremental and not first:
+        load.history_samples.append(history)
+    return stamp
 
 
 # -- one run: a fresh server, an idle window, then the load --------------------------------------------------
@@ -355,25 +378,36 @@ class Run:
     server_cpu: float = 0.0
     loop_cpu: float = 0.0
     client_cpu: float = 0.0
+    machine_cpu: float = 0.0  # every process on the machine, these two included
     idle_wall: float = 0.0
     idle_cpu: float = 0.0
     reads: int = 0
     sampler_threads: dict[str, list[int]] = field(default_factory=lambda: {"before": [], "during": [], "after": []})
     os_threads: dict[str, list[int]] = field(default_factory=lambda: {"before": [], "during": [], "after": []})
+    # The server's garbage collections during the load, per generation (see gc_probe_ext).
+    gc_collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    gc_pause_ms: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    gc_longest_ms: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    tracked_objects: int = 0
 
     def percent(self, cpu: float, wall: float | None = None) -> float:
         return 100 * cpu / (wall if wall is not None else self.wall)
 
 
-async def status(server: Server, run: Run, when: str) -> dict[str, Any]:
+async def get_json(server: Server, path: str) -> Any:
+    """A one-off request on its own connection, outside the clients' figures."""
     conn = Connection(server.port, server.token)
     try:
-        code, body = await conn.get(server.kind.status)
+        code, body = await conn.get(path)
     finally:
         conn.close()
     if code != 200:
-        raise RuntimeError(f"{server.kind.status} answered {code} {when} the load")
-    data = json.loads(body)
+        raise RuntimeError(f"{path} answered {code}")
+    return json.loads(body)
+
+
+async def status(server: Server, run: Run, when: str) -> dict[str, Any]:
+    data = await get_json(server, server.kind.status)
     run.sampler_threads[when].append(data["sampler_threads"])
     run.os_threads[when].append(os_threads(server.pid))
     return data
@@ -381,26 +415,33 @@ async def status(server: Server, run: Run, when: str) -> dict[str, Any]:
 
 async def samples_since(server: Server, since: float, until: float) -> int:
     """Readings ours made in a window: its history holds every one, stamped by the sampler."""
-    conn = Connection(server.port, server.token)
-    try:
-        code, body = await conn.get(f"{server.kind.metrics}?since={since!r}")
-    finally:
-        conn.close()
-    if code != 200:
-        raise RuntimeError(f"{server.kind.metrics} answered {code} after the load")
-    return sum(1 for sample in json.loads(body)["history"] if sample["timestamp"] <= until)
+    data = await get_json(server, f"{server.kind.metrics}?since={since!r}")
+    return sum(1 for sample in data["history"] if sample["timestamp"] <= until)
+
+
+def add_gc(run: Run, probe: dict[str, Any]) -> None:
+    for generation, count in enumerate(probe["collections"]):
+        run.gc_collections[generation] += count
+        run.gc_pause_ms[generation] += probe["pause_ms"][generation]
+        run.gc_longest_ms[generation] = max(run.gc_longest_ms[generation], probe["longest_ms"][generation])
+
+
+async def idle_window(server: Server, run: Run, idle_s: float) -> None:
+    """The server's CPU with no client: the event loop's housekeeping and, for ours, the sampler's 1 Hz work."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(SETTLE_S)
+    cpu, started = cpu_seconds(server.pid), loop.time()
+    await asyncio.sleep(idle_s)
+    run.idle_cpu += cpu_seconds(server.pid) - cpu
+    run.idle_wall += loop.time() - started
 
 
 async def measure(server: Server, run: Run, clients: int, seconds: float, idle_s: float, rng: random.Random) -> None:
     loop = asyncio.get_running_loop()
     pid = server.pid
-    await asyncio.sleep(SETTLE_S)
-    cpu = cpu_seconds(pid)
-    idle_started = loop.time()
-    await asyncio.sleep(idle_s)
-    run.idle_cpu += cpu_seconds(pid) - cpu
-    run.idle_wall += loop.time() - idle_started
+    await idle_window(server, run, idle_s)
     before = await status(server, run, "before")
+    run.tracked_objects = max(run.tracked_objects, (await get_json(server, f"/{GC_PROBE}?reset=1"))["tracked_objects"])
 
     ticks = max(2, round(seconds / INTERVAL_S))
     t0 = loop.time() + 0.05  # every client is created before the first is due
@@ -409,6 +450,7 @@ async def measure(server: Server, run: Run, clients: int, seconds: float, idle_s
     tasks = [asyncio.create_task(client(Connection(server.port, server.token), server.kind, t0 + offset, ticks, load))
              for offset in offsets]
     wall0, cpu0, loop0, client0 = time.time(), cpu_seconds(pid), cpu_seconds(pid, pid), time.process_time()
+    busy0 = machine_busy_seconds()
     started = loop.time()
 
     async def midway() -> None:
@@ -423,7 +465,11 @@ async def measure(server: Server, run: Run, clients: int, seconds: float, idle_s
     run.server_cpu += cpu_seconds(pid) - cpu0
     run.loop_cpu += cpu_seconds(pid, pid) - loop0
     run.client_cpu += time.process_time() - client0
+    # Whatever else ran meanwhile (another test run, a browser) competes for the same cores: it is printed, as
+    # it is what makes a tail noisy on a small machine.
+    run.machine_cpu += machine_busy_seconds() - busy0
     wall1 = time.time()
+    add_gc(run, await get_json(server, f"/{GC_PROBE}"))
 
     await asyncio.sleep(SETTLE_S)
     after = await status(server, run, "after")
@@ -495,6 +541,8 @@ def figures(run: Run) -> dict[str, Any]:
         # What the load adds, per poll: the server's CPU above its idle rate.
         "cpu_ms_per_poll": 1e3 * (run.server_cpu - run.idle_cpu / run.idle_wall * run.wall) / max(1, load.polls),
         "client_cpu_pct": run.percent(run.client_cpu),
+        # /proc/stat and the per-process figures are sampled apart, so an idle machine can come out a hair below 0.
+        "other_processes_cpu_pct": max(0.0, run.percent(run.machine_cpu - run.server_cpu - run.client_cpu)),
         "reply_bytes": statistics.mean(load.reply_bytes) if load.reply_bytes else float("nan"),
         "first_reply_bytes": statistics.mean(load.first_bytes) if load.first_bytes else float("nan"),
         "history_samples_per_poll": statistics.mean(load.history_samples) if load.history_samples else None,
@@ -504,43 +552,56 @@ def figures(run: Run) -> dict[str, Any]:
         "burst_spread_ms_median": 1e3 * statistics.median(spreads) if spreads and run.mode == "burst" else None,
         "burst_spread_ms_max": 1e3 * max(spreads) if spreads and run.mode == "burst" else None,
         "load_seconds": run.wall,
+        "gc_collections": run.gc_collections,
+        "gc_pause_ms": run.gc_pause_ms,
+        "gc_longest_ms": run.gc_longest_ms,
+        "gc_tracked_objects": run.tracked_objects,
     }
 
 
 def progress(run: Run) -> str:
     f = figures(run)
     return (f"{f['polls']} polls, {f['errors']} errors, p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms, "
-            f"server {f['server_cpu_pct']:.1f}% (idle {f['idle_cpu_pct']:.2f}%), client {f['client_cpu_pct']:.1f}%")
+            f"server {f['server_cpu_pct']:.1f}% (idle {f['idle_cpu_pct']:.2f}%), client {f['client_cpu_pct']:.1f}%, "
+            f"other processes {f['other_processes_cpu_pct']:.1f}%")
 
 
 def threads_text(values: dict[str, list[int]]) -> str:
     return "/".join(",".join(str(v) for v in sorted(set(values[when]))) for when in ("before", "during", "after"))
 
 
-def report(runs: dict[tuple[str, str], Run], args: argparse.Namespace, read_s: float, encode_s: float,
+def report(runs: dict[tuple[str, str], Run], args: argparse.Namespace, cost: BackendCost,
            elapsed: float) -> dict[str, Any]:
     rows = {key: figures(run) for key, run in runs.items()}
     print(f"\n{args.clients} clients polling every {INTERVAL_S:g} s against one jupyter_server on loopback, "
           f"{SPEC}, {args.seconds:g} s of load per run over {args.rounds} round(s), {os.cpu_count()} CPUs, "
           f"{elapsed:.0f} s in all")
-    print(f"one backend read of 8 simulated GPUs in-process: {read_s * 1e6:.0f} µs; "
-          f"json.dumps(sample.to_dict()): {encode_s * 1e6:.0f} µs (the per-client baseline pays both per poll)")
+    print(f"in-process, mean of 100: one backend read of 8 simulated GPUs {cost.read_s * 1e6:.0f} µs, "
+          f"json.dumps(sample.to_dict()) {cost.encode_s * 1e6:.0f} µs (the per-client baseline pays both per poll)")
+    # The first poll here carries only the samples since the server started; after ten minutes it is the whole
+    # history, which is worth knowing when fifty panels open at once.
+    full = HISTORY * cost.sample_bytes
+    print(f"one encoded sample: {cost.sample_bytes} B; a first poll once ours' history is full ({HISTORY} samples) "
+          f"carries about {full / 1e6:.1f} MB, {args.clients} of them {args.clients * full / 1e6:.0f} MB")
     print("staggered: each client's first poll drawn uniformly over the first second "
           f"(seed {args.seed}), then its own 1 s grid; burst: all fire at the same instant each second")
     print("latency: every poll after a client's first (the full-history first poll is reported apart); "
-          "CPU: % of one core over the load window")
+          "CPU: % of one core over the load window; others' CPU: the rest of the machine meanwhile")
+    for kind in KINDS:
+        print(f"{kind.name}: {kind.label}, GET {kind.metrics}")
     print()
     print("| shape | server | polls | errors | p50 ms | p90 ms | p99 ms | max ms | req/s | server CPU | event loop "
           "| idle CPU | CPU/poll | reply B | first reply B | reads/s | sampler threads before/during/after "
-          "| OS threads | client CPU |")
-    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|")
+          "| OS threads | client CPU | others' CPU |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|")
     for (mode, name), f in rows.items():
         print(f"| {mode} | {name} | {f['polls']} | {f['errors']} | {f['p50_ms']:.2f} | {f['p90_ms']:.2f} "
               f"| {f['p99_ms']:.2f} | {f['max_ms']:.2f} | {f['requests_per_s']:.1f} | {f['server_cpu_pct']:.1f}% "
               f"| {f['event_loop_cpu_pct']:.1f}% | {f['idle_cpu_pct']:.2f}% | {f['cpu_ms_per_poll']:.2f} ms "
               f"| {f['reply_bytes']:.0f} | {f['first_reply_bytes']:.0f} | {f['backend_reads_per_s']:.2f} "
               f"| {threads_text(runs[(mode, name)].sampler_threads)} "
-              f"| {threads_text(runs[(mode, name)].os_threads)} | {f['client_cpu_pct']:.1f}% |")
+              f"| {threads_text(runs[(mode, name)].os_threads)} | {f['client_cpu_pct']:.1f}% "
+              f"| {f['other_processes_cpu_pct']:.1f}% |")
     print()
     for (mode, name), f in rows.items():
         extra = []
@@ -549,17 +610,23 @@ def report(runs: dict[tuple[str, str], Run], args: argparse.Namespace, read_s: f
         if f["burst_spread_ms_median"] is not None:
             extra.append(f"the {args.clients} writes of a tick spread over {f['burst_spread_ms_median']:.2f} ms "
                          f"(median tick), {f['burst_spread_ms_max']:.2f} ms at most")
+        extra.append(f"server GC during the load: {'/'.join(map(str, f['gc_collections']))} collections of "
+                     f"generations 0/1/2, {sum(f['gc_pause_ms']):.0f} ms paused, the longest full one "
+                     f"{f['gc_longest_ms'][2]:.0f} ms ({f['gc_tracked_objects']} objects tracked)")
         if f["errors"] or f["skipped_ticks"]:
             extra.append(f"errors {f['error_kinds']}, skipped ticks {f['skipped_ticks']}")
         print(f"{mode} {name}: first poll p50 {f['first_poll_p50_ms']:.2f} ms, max {f['first_poll_max_ms']:.2f} ms"
               + "".join(f"; {text}" for text in extra))
     ratios = ratio_table(rows)
+    gc_note(rows, args.clients)
     return {
         "config": {"clients": args.clients, "seconds": args.seconds, "rounds": args.rounds,
                    "idle_seconds": args.idle_seconds, "seed": args.seed, "backend": SPEC,
                    "interval_s": INTERVAL_S, "cpus": os.cpu_count()},
-        "backend_read_us": read_s * 1e6,
-        "sample_encode_us": encode_s * 1e6,
+        "backend_read_us": cost.read_s * 1e6,
+        "sample_encode_us": cost.encode_s * 1e6,
+        "sample_bytes": cost.sample_bytes,
+        "full_history_first_reply_bytes_estimate": full,
         "runs": [rows[key] for key in rows],
         "ratios": ratios,
     }
@@ -579,12 +646,27 @@ def ratio_table(rows: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[s
     return ratios
 
 
+def gc_note(rows: dict[tuple[str, str], dict[str, Any]], clients: int) -> None:
+    """Say when the tails are the garbage collector's: a full collection stops either server kind alike."""
+    full = [f["gc_longest_ms"][2] for f in rows.values() if f["gc_collections"][2]]
+    if not full:
+        return
+    print(f"\nnote: {len(full)} of {len(rows)} load windows had a full GC in the server, "
+          f"{min(full):.0f}-{max(full):.0f} ms each (the GC lines above). In a burst one delays up to all "
+          f"{clients} replies of that second, more than 1% of a minute's polls, so a burst's p99 and max say mostly "
+          "whether and where one fell; p50 and CPU do not hang on it. Several rounds (--rounds, each a fresh server) "
+          "show the spread.")
+
+
 def check(runs: dict[tuple[str, str], Run]) -> list[str]:
-    """What must hold whatever the figures: ours runs one sampler thread, and nobody saw errors."""
+    """What must hold whatever the figures: ours runs one sampler thread reading once a second; no errors."""
     problems = []
     for (mode, name), run in runs.items():
         if name == "ours" and any(v != 1 for values in run.sampler_threads.values() for v in values):
             problems.append(f"{mode}/ours: sampler_threads {run.sampler_threads}, not 1")
+        rate = run.reads / run.wall
+        if name == "ours" and not 0.9 <= rate * INTERVAL_S <= 1.1:
+            problems.append(f"{mode}/ours: {rate:.2f} backend reads/s, not one per interval")
         if run.load.errors:
             problems.append(f"{mode}/{name}: errors {dict(run.load.errors)}")
     return problems
@@ -607,9 +689,9 @@ def main() -> None:
         parser.error("need at least one client, one round and two polls per round")
     started = time.perf_counter()
 
-    read_s, encode_s = backend_cost()
+    cost = backend_cost()
     runs = run_all(args)
-    data = report(runs, args, read_s, encode_s, time.perf_counter() - started)
+    data = report(runs, args, cost, time.perf_counter() - started)
     problems = check(runs)
     if args.json:
         args.json.write_text(json.dumps({**data, "problems": problems}, indent=2) + "\n")

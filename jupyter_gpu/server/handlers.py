@@ -29,6 +29,11 @@ class _MonitorHandler(APIHandler):
     def monitor(self) -> GpuMonitor:
         return self.settings[MONITOR_SETTING]
 
+    def compute_etag(self) -> None:
+        # Every reply is fresh (no-store, a new server_time): hashing megabytes of history for an ETag that
+        # can never match is wasted work on the event loop.
+        return None
+
 
 class MetricsHandler(_MonitorHandler):
     @tornado.web.authenticated

@@ -149,7 +149,11 @@ class GpuMonitor:
     # -- what the handlers send ----------------------------------------------------------------------
 
     def metrics_json(self, since: float | None = None) -> str:
-        """`{"latest": sample, "history": [samples after since], "holders": [...], "alerts": [...]}`."""
+        """`{"latest": sample, "history": [...], "holders": [...], "alerts": [...]}`.
+
+        `history` holds the samples after `since` (all kept ones without it), oldest first, up to but not
+        including `latest`: the full series is `history + [latest]`, and a poll carries each sample once.
+        """
         with self._history.lock:
             view = self.view
             stamps, encoded = self._history.stamps, self._history.encoded
@@ -159,7 +163,7 @@ class GpuMonitor:
             else:
                 while start > 0 and stamps[start - 1] > since:
                     start -= 1
-            history = [encoded[i] for i in range(start, len(encoded))]
+            history = [encoded[i] for i in range(start, len(encoded) - 1)]
             latest = encoded[-1] if encoded else "null"
         sample = view.sample
         head = json.dumps({

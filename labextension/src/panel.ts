@@ -594,7 +594,9 @@ export class GpuPanel extends Widget {
     if (generation !== this._generation || this.isDisposed) {
       return;
     }
-    this._history = mergeHistory(full ? [] : this._history, metrics.history, HISTORY_CAP);
+    // The server sends each sample once: `history` runs up to, not including, `latest`.
+    const incoming = metrics.latest ? [...metrics.history, metrics.latest] : metrics.history;
+    this._history = mergeHistory(full ? [] : this._history, incoming, HISTORY_CAP);
     this._needFull = false;
     this._metrics = metrics;
     this._status = status;

@@ -56,10 +56,12 @@ test('the golden reply parses: 8 A100s, simulated, with history, holders and ale
     assert.equal(device.name, 'NVIDIA A100-SXM4-80GB');
     assert.equal(device.memory_total, 85899345920);
   }
+  // Each sample once: the history runs up to the latest, which comes on its own.
   assert.deepEqual(
     metrics.history.map(s => s.timestamp),
-    [1790000002, 1790000003, 1790000004]
+    [1790000002, 1790000003]
   );
+  assert.equal(metrics.latest!.timestamp, 1790000004);
   assert.equal(metricsAvailability(metrics), 'ok');
   assert.equal(panelState(metrics, null, false), 'ok');
   assert.equal(panelState(metrics, null, true), 'error');
@@ -108,7 +110,7 @@ test('per-GPU series skip null readings', () => {
 
 test('a null reading in one sample leaves a gap of one point, not a 0', () => {
   const metrics = golden();
-  const history = metrics.history.map((s, i) =>
+  const history = [...metrics.history, metrics.latest!].map((s, i) =>
     i === 1 ? { ...s, devices: s.devices.map(d => (d.index === 4 ? { ...d, utilization_gpu: null } : d)) } : s
   );
   const points = deviceSeries(history, 4, 'utilization');
@@ -141,7 +143,8 @@ test('polyline points: one "x,y" pair per point, inside the box', () => {
 
 test('history merging: since replies are appended, no duplicate timestamps, capped', () => {
   const metrics = golden();
-  const base = metrics.history;
+  // What the panel merges from one reply: the history, then the latest sample.
+  const base = [...metrics.history, metrics.latest!];
   let kept = mergeHistory([], base);
   assert.equal(sinceOf(kept, metrics.latest), 1790000004);
 
