@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +64,22 @@ def test_metrics_return_the_latest_sample_and_the_history_since_a_time(lab_a100)
     # The history is the server's: a client that comes back later (a reopened panel) gets all of it.
     again = lab_a100.request("jupyter-gpu/api/metrics").json()
     assert [s["timestamp"] for s in again["history"]][: len(stamps)] == stamps
+
+
+def test_a_large_history_is_gzipped_for_clients_that_accept_it_and_polls_stay_plain(lab_a100) -> None:
+    deadline = time.monotonic() + 30
+    while len((plain := lab_a100.request("jupyter-gpu/api/metrics")).body) <= 64 * 1024:
+        assert time.monotonic() < deadline, "the history never grew past 64 KiB"  # ~10 readings of 8 GPUs
+        time.sleep(0.5)
+    zipped = lab_a100.request("jupyter-gpu/api/metrics", headers={"Accept-Encoding": "gzip"})
+    assert "Content-Encoding" not in plain.headers
+    assert zipped.headers["Content-Encoding"] == "gzip" and len(zipped.body) * 5 < len(plain.body)
+    history = json.loads(gzip.decompress(zipped.body))["history"]
+    assert len(history) >= len(plain.json()["history"]) - 2
+    poll = lab_a100.request(f"jupyter-gpu/api/metrics?since={plain.json()['latest']['timestamp']!r}",
+                            headers={"Accept-Encoding": "gzip"})
+    assert "Content-Encoding" not in poll.headers and poll.json()["latest"]
+    assert "Etag" not in plain.headers and "ETag" not in plain.headers
 
 
 def test_a_bad_since_is_a_400_with_a_sentence(lab_a100) -> None:
