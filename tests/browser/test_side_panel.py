@@ -139,6 +139,20 @@ def test_settings_choose_which_charts_show(lab_a100, lab_page) -> None:
         lab_a100.request("lab/api/settings/jupyter-gpu:plugin", method="PUT", body={"raw": "{}"})
 
 
+def test_the_settings_editor_changes_the_open_panel_live(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    assert lab.page.locator("section.jp-GpuPanel-holdersSection").count() == 1
+    try:
+        lab.page.keyboard.press("Control+,")  # Settings → Settings Editor
+        lab.page.locator(".jp-PluginList").get_by_text("GPU panel", exact=True).click()
+        lab.page.get_by_label("Show who holds GPU memory").uncheck()
+        lab.page.locator("section.jp-GpuPanel-holdersSection").wait_for(state="detached", timeout=10_000)
+        assert lab.page.locator(".jp-GpuPanel-device").count() == 8  # the rest stays
+    finally:
+        lab_a100.request("lab/api/settings/jupyter-gpu:plugin", method="PUT", body={"raw": "{}"})
+
+
 def test_the_settings_editor_lists_the_panels_settings(lab_a100) -> None:
     schema = lab_a100.request("lab/api/settings/jupyter-gpu:plugin").json()["schema"]
     assert {"refreshInterval", "showUtilization", "showMemory", "showPowerAndTemperature", "showHolders"} <= set(
