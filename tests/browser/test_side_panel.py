@@ -113,14 +113,16 @@ def test_polling_pauses_while_the_panel_is_hidden(lab_a100, lab_page) -> None:
 def test_errors_are_shown_and_polling_backs_off_then_recovers(lab_a100, lab_page) -> None:
     lab = lab_page(lab_a100)
     lab.open_panel()
+    start = len(lab.metrics_requests)
     lab.page.route("**/jupyter-gpu/api/metrics**", lambda route: route.fulfill(status=502, body="Bad Gateway"))
     lab.page.locator(".jp-GpuPanel-error").wait_for(timeout=10_000)
-    start = len(lab.metrics_requests)
-    lab.page.wait_for_timeout(8000)
+    lab.page.wait_for_timeout(15_000)
     failed = lab.metrics_requests[start:]
     gaps = [b - a for a, b in itertools.pairwise(failed)]
-    assert len(failed) < 8, f"no backoff: {len(failed)} requests in 8 s at a 1 s interval"
-    assert gaps and max(gaps) > 1.8
+    # At the 1 s interval, 15 s of failures would be ~15 requests. Lumino's backoff draws each wait between
+    # the interval and 3x the last one, so the count varies, but stays far below that.
+    assert 2 <= len(failed) < 10, f"{len(failed)} requests in 15 s: {gaps}"
+    assert max(gaps) > 1.8
     lab.page.unroute("**/jupyter-gpu/api/metrics**")
     lab.page.locator(".jp-GpuPanel-error").wait_for(state="detached", timeout=70_000)
     lab.page.wait_for_selector('.jp-GpuPanel[data-state="ok"]')
