@@ -8,7 +8,6 @@ with their memory (and how many there are) only: no pid, no name, no command lin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,7 +137,3 @@ def _owning_kernel(pid: int, kernels: dict[int, KernelInfo], lookup: ProcessLook
         current = info.ppid if info is not None else None
     return None
 
-
-def holders_to_dicts(holders: Iterable[Holder], now: float | None = None) -> list[dict[str, Any]]:
-    now = time.time() if now is None else now
-    return [h.to_dict(now) for h in holders]

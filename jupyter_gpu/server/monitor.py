@@ -9,6 +9,7 @@ what one does.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -16,8 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpu.alerts import Alert, KernelView, idle_during_cell_alerts, sample_alerts
@@ -45,13 +45,6 @@ class View:
     alerts_json: str = "[]"
 
 
-@dataclass
-class _History:
-    stamps: deque[float]
-    encoded: deque[str]
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 def server_alerts(sample: Sample, history: list[Sample], holders: tuple[Holder, ...]) -> list[Alert]:
     """The panel's alerts: the device rules, plus "GPU idle" for each busy kernel that holds a GPU.
 
@@ -71,22 +64,24 @@ def server_alerts(sample: Sample, history: list[Sample], holders: tuple[Holder, 
 
 class GpuMonitor:
     def __init__(self, hub: SamplerHub, *, interval: float = 1.0, history: int = 600,
-                 proc_root: str = str(PROC_ROOT), server_uid: int | None = None,
+                 server_uid: int | None = None,
                  lookup_factory: Callable[[], ProcessLookup] | None = None,
                  check: Callable[[], dict[str, Any]] | None = None) -> None:
         self.hub = hub
         self.interval = interval
         self.kernels: tuple[KernelInfo, ...] = ()  # replaced whole by the event loop, read by the sampler thread
         self.view = View()
-        self._history = _History(deque(maxlen=history), deque(maxlen=history))
-        self._lookup_factory = lookup_factory or (lambda: cached_lookup(Path(proc_root)))
+        # (timestamp, the sample's JSON), oldest first; the lock also covers `view`, so a reply never pairs
+        # one reading's holders with another reading's samples.
+        self._history: deque[tuple[float, str]] = deque(maxlen=history)
+        self._lock = threading.Lock()
+        self._lookup_factory = lookup_factory or (lambda: cached_lookup(PROC_ROOT))
         self._server_uid = os.getuid() if server_uid is None else server_uid
         self._check = check or _default_check
         self._check_result: tuple[float, dict[str, Any]] | None = None
         self._check_future: asyncio.Future[dict[str, Any]] | None = None
         self._lease: Lease | None = None
         self._start_error: str | None = None
-        self._started = threading.Event()
         self._closed = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -107,16 +102,11 @@ class GpuMonitor:
             if self._closed:
                 lease.close()
             self._lease = lease
-        finally:
-            self._started.set()
 
     def read_now(self) -> Sample:
         if self._lease is None:
             raise RuntimeError(self._start_error or "The GPU monitor has not started.")
         return self._lease.sampler.read_now()
-
-    def wait_started(self, timeout: float) -> bool:
-        return self._started.wait(timeout)
 
     def close(self) -> None:
         self._closed = True
@@ -139,11 +129,8 @@ class GpuMonitor:
             alerts_json=json.dumps([{"code": a.code, "severity": a.severity, "device": a.device,
                                      "message": a.message} for a in alerts]),
         )
-        # History first, then the view, both under the lock: a reply never pairs one sample's holders with
-        # another sample's `latest`.
-        with self._history.lock:
-            self._history.stamps.append(sample.timestamp)
-            self._history.encoded.append(encoded)
+        with self._lock:
+            self._history.append((sample.timestamp, encoded))
             self.view = view
 
     # -- what the handlers send ----------------------------------------------------------------------
@@ -154,17 +141,17 @@ class GpuMonitor:
         `history` holds the samples after `since` (all kept ones without it), oldest first, up to but not
         including `latest`: the full series is `history + [latest]`, and a poll carries each sample once.
         """
-        with self._history.lock:
+        with self._lock:
             view = self.view
-            stamps, encoded = self._history.stamps, self._history.encoded
-            start = len(stamps)
+            kept = self._history
+            start = len(kept)
             if since is None:
                 start = 0
             else:
-                while start > 0 and stamps[start - 1] > since:
+                while start > 0 and kept[start - 1][0] > since:  # from the newest: a poll wants one or two
                     start -= 1
-            history = [encoded[i] for i in range(start, len(encoded) - 1)]
-            latest = encoded[-1] if encoded else "null"
+            history = [encoded for _, encoded in itertools.islice(kept, start, max(len(kept) - 1, 0))]
+            latest = kept[-1][1] if kept else "null"
         sample = view.sample
         head = json.dumps({
             "api_version": API_VERSION,
