@@ -147,6 +147,11 @@ class RateLimiter:
         return True
 
 
+def hub_for_spec(spec: str, history: int = SHARED_HISTORY) -> SamplerHub:
+    """A hub over the backend a `JUPYTER_GPU_BACKEND` value names; errors name that variable."""
+    return SamplerHub(lambda: select_backend(None, env={BACKEND_ENV: spec}), history=history)
+
+
 _hubs: dict[str, SamplerHub] = {}
 _hubs_lock = threading.Lock()
 
@@ -161,7 +166,7 @@ def shared_hub(env: Mapping[str, str] | None = None) -> SamplerHub:
     with _hubs_lock:
         hub = _hubs.get(spec)
         if hub is None:
-            hub = _hubs[spec] = SamplerHub(lambda: select_backend(None, env={BACKEND_ENV: spec}))
+            hub = _hubs[spec] = hub_for_spec(spec)
         return hub
 
 

@@ -9,18 +9,18 @@ from jupyter_gpu.server.config import JupyterGpu
 from jupyter_gpu.server.handlers import setup_handlers
 from jupyter_gpu.server.kernels import BusyTracker, snapshot_kernels
 from jupyter_gpu.server.monitor import GpuMonitor
-from jupyter_gpu.shared_sampler import SamplerHub
+from jupyter_gpu.shared_sampler import hub_for_spec
 
 
 def load_server_extension(server_app: Any) -> GpuMonitor:
     from tornado.ioloop import PeriodicCallback
 
-    from jupyter_gpu.backends import BACKEND_ENV, select_backend
+    from jupyter_gpu.backends import BACKEND_ENV
 
     config = JupyterGpu(parent=server_app)
     spec = os.environ.get(BACKEND_ENV, "").strip()
     # The server's own hub, not the kernel-side shared one: its history length is the server's setting.
-    hub = SamplerHub(lambda: select_backend(None, env={BACKEND_ENV: spec}), history=config.history)
+    hub = hub_for_spec(spec, history=config.history)
     monitor = GpuMonitor(hub, interval=config.interval, history=config.history)
     setup_handlers(server_app.web_app, monitor)
     tracker = BusyTracker()

@@ -38,7 +38,8 @@ def read_process(pid: int, proc_root: Path = PROC_ROOT) -> ProcessInfo | None:
     for line in status.splitlines():
         key, _, value = line.partition(":")
         fields[key] = value.strip()
-    return ProcessInfo(pid, _int(fields.get("PPid")), _int((fields.get("Uid") or "").split()[:1]),
+    real_uid = (fields.get("Uid") or "").split()[:1]  # "Uid:  real effective saved fs"
+    return ProcessInfo(pid, _int(fields.get("PPid")), _int(real_uid[0] if real_uid else None),
                        _program_name(base) or fields.get("Name") or None)
 
 
@@ -51,9 +52,7 @@ def _program_name(base: Path) -> str | None:
     return name[:MAX_NAME] or None
 
 
-def _int(value: str | list[str] | None) -> int | None:
-    if isinstance(value, list):
-        value = value[0] if value else None
+def _int(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
     except ValueError:
