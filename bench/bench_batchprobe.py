@@ -56,7 +56,7 @@ from torch import nn
 
 from jupyter_gpu.batchprobe.budget import TensorBudget
 from jupyter_gpu.batchprobe.oom import FailureKind, budget_message, classify
-from jupyter_gpu.batchprobe.probe import ProbeRequest, probe_batch_size
+from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
 
 MiB = 2**20
 START = 2

@@ -24,9 +24,9 @@ def wall(command: list[str]) -> float:
 
 # What a GPU machine costs: the same check, but with torch imported in the child probe as it is whenever
 # there is GPU evidence (on a machine without any, the probe is skipped because it cannot change the verdict).
-FORCED_PROBE = ("from jupyter_gpu.facts.context import ProbeContext\n"
-                "from jupyter_gpu.facts.gather import gather_facts\n"
-                "from jupyter_gpu.diagnose.engine import diagnose\n"
+FORCED_PROBE = ("from jupyter_gpu.gpucheck.facts.context import ProbeContext\n"
+                "from jupyter_gpu.gpucheck.facts.gather import gather_facts\n"
+                "from jupyter_gpu.gpucheck.diagnose.engine import diagnose\n"
                 "print(diagnose(gather_facts(ProbeContext(), force_torch_probe=True)))")
 
 

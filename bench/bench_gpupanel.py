@@ -47,10 +47,10 @@ from typing import Any
 
 from jupyter_client import KernelManager
 
-from jupyter_gpu.backends import BACKEND_ENV, SCENARIOS, SimulatedBackend
-from jupyter_gpu.metrics import Sample
-from jupyter_gpu.sampler import THREAD_NAME, Sampler
-from jupyter_gpu.shared_sampler import SamplerHub
+from jupyter_gpu.metrics.backends import BACKEND_ENV, SCENARIOS, SimulatedBackend
+from jupyter_gpu.metrics.hub import SamplerHub
+from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.metrics.sampler import THREAD_NAME, Sampler
 
 SCENARIO = "a100x8-mig"
 PANELS = 4
@@ -219,8 +219,8 @@ class Kernel:
 KERNEL_SETUP = f"""
 %load_ext jupyter_gpu
 import dataclasses, statistics, threading, time
-from jupyter_gpu.backends import SimulatedBackend
-from jupyter_gpu.sampler import THREAD_NAME
+from jupyter_gpu.metrics.backends import SimulatedBackend
+from jupyter_gpu.metrics.sampler import THREAD_NAME
 from jupyter_gpu.widgets.panel import GpuPanel
 
 _bench_on_sample = GpuPanel._on_sample

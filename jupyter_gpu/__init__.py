@@ -32,7 +32,7 @@ def unload_ipython_extension(ipython: Any) -> None:
         close = getattr(instance, "close", None)
         if close is not None:
             close()
-    from jupyter_gpu.shared_sampler import close_shared_hubs
+    from jupyter_gpu.metrics.hub import close_shared_hubs
 
     close_shared_hubs()  # whatever still holds a lease (a panel object kept in a variable) stops updating
 
@@ -47,7 +47,7 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
-    from jupyter_gpu.server import load_server_extension
+    from jupyter_gpu.server.extension import load_server_extension
 
     load_server_extension(server_app)
 
@@ -55,19 +55,19 @@ def _load_jupyter_server_extension(server_app: Any) -> None:
 def __getattr__(name: str) -> Any:
     # Lazy public names keep `import jupyter_gpu` instant and free of torch/IPython imports.
     if name in ("require_gpu", "GpuUnavailableError"):
-        from jupyter_gpu import gate
+        from jupyter_gpu.gpucheck import gate
 
         return getattr(gate, name)
     if name in ("compare", "Comparison"):
-        from jupyter_gpu.timing import compare
+        from jupyter_gpu.gputime import compare
 
         return getattr(compare, name)
     if name == "GpuTimeResult":
-        from jupyter_gpu.timing.result import GpuTimeResult
+        from jupyter_gpu.gputime.result import GpuTimeResult
 
         return GpuTimeResult
     if name == "probe_batch_size":
-        from jupyter_gpu.batchprobe.probe import probe_batch_size
+        from jupyter_gpu.batchprobe.runner import probe_batch_size
 
         return probe_batch_size
     if name == "BatchProbeResult":
@@ -75,7 +75,7 @@ def __getattr__(name: str) -> Any:
 
         return BatchProbeResult
     if name == "GpuCheckReport":
-        from jupyter_gpu.report import GpuCheckReport
+        from jupyter_gpu.gpucheck.report import GpuCheckReport
 
         return GpuCheckReport
     raise AttributeError(f"module 'jupyter_gpu' has no attribute {name!r}")

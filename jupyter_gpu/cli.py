@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if options.command == "record":
         return run_record(options)
-    from jupyter_gpu.check import run_check  # deferred: `--help` and usage errors stay instant
+    from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
 
     try:
         report = run_check(options)
@@ -83,9 +83,9 @@ def _validate_record(options: argparse.Namespace) -> None:
 
 def run_record(options: argparse.Namespace) -> int:
     """`jupyter-gpu record FILE --seconds S`: record the selected backend, then write FILE atomically."""
-    from jupyter_gpu.backends import BackendSpecError, select_backend  # deferred: `--help` stays instant
-    from jupyter_gpu.metrics import Sample
-    from jupyter_gpu.recording import NoDriverError, record, write_recording
+    from jupyter_gpu.metrics.backends import BackendSpecError, select_backend  # deferred: `--help` stays instant
+    from jupyter_gpu.metrics.recording import NoDriverError, record, write_recording
+    from jupyter_gpu.metrics.sample import Sample
 
     out = sys.stderr  # progress and messages: stdout stays empty, as for any recorder writing a file
     try:

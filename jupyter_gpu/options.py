@@ -214,7 +214,7 @@ def interval_type(flag: str) -> Callable[[str], float]:
     parse_positive = seconds_type(flag)
 
     def parse(text: str) -> float:
-        from jupyter_gpu.sampler import MIN_INTERVAL
+        from jupyter_gpu.metrics.sampler import MIN_INTERVAL
 
         value = parse_positive(text)
         if not MIN_INTERVAL <= value < math.inf:

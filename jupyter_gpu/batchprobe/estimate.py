@@ -30,7 +30,7 @@ from html import escape
 from typing import Any, ClassVar
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
-from jupyter_gpu.batchprobe.probe import AMP_DTYPES
+from jupyter_gpu.batchprobe.runner import AMP_DTYPES
 from jupyter_gpu.batchprobe.search import Outcome, memory_line
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.models import RichResult

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.metrics import Sample
+from jupyter_gpu.metrics.sample import Sample
 from jupyter_gpu.server.kernels import KernelInfo
 from jupyter_gpu.server.processes import ProcessLookup
 from jupyter_gpu.units import format_bytes, format_duration

@@ -5,7 +5,7 @@ from __future__ import annotations
 from traitlets import Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
-from jupyter_gpu.sampler import MIN_INTERVAL
+from jupyter_gpu.metrics.sampler import MIN_INTERVAL
 
 
 class JupyterGpu(Configurable):

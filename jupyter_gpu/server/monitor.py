@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpu.alerts import Alert, KernelView, idle_during_cell_alerts, sample_alerts
-from jupyter_gpu.metrics import Sample
-from jupyter_gpu.sampler import THREAD_NAME
+from jupyter_gpu.metrics.alerts import Alert, KernelView, idle_during_cell_alerts, sample_alerts
+from jupyter_gpu.metrics.hub import Lease, SamplerHub
+from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.metrics.sampler import THREAD_NAME
 from jupyter_gpu.server import prometheus
 from jupyter_gpu.server.attribution import Holder, attribute
 from jupyter_gpu.server.kernels import KernelInfo
 from jupyter_gpu.server.processes import PROC_ROOT, ProcessLookup, cached_lookup
-from jupyter_gpu.shared_sampler import Lease, SamplerHub
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class GpuMonitor:
 
 
 def _default_check() -> dict[str, Any]:
-    from jupyter_gpu.check import check_this_environment
+    from jupyter_gpu.gpucheck.run import check_this_environment
 
     try:
         report = check_this_environment()

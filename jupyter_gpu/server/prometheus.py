@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from jupyter_gpu.metrics import DeviceSample, Sample
+from jupyter_gpu.metrics.sample import DeviceSample, Sample
 from jupyter_gpu.server.attribution import Holder
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -15,10 +15,10 @@ from html import escape
 
 import ipywidgets as widgets
 
-from jupyter_gpu.alerts import Alert, KernelView, sample_alerts
-from jupyter_gpu.metrics import DeviceSample, Sample
-from jupyter_gpu.shared_sampler import RateLimiter, SamplerHub
-from jupyter_gpu.torch_memory import with_torch_memory
+from jupyter_gpu.kernel_torch import with_torch_memory
+from jupyter_gpu.metrics.alerts import Alert, KernelView, sample_alerts
+from jupyter_gpu.metrics.hub import RateLimiter, SamplerHub
+from jupyter_gpu.metrics.sample import DeviceSample, Sample
 from jupyter_gpu.widgets import view
 
 VERDICT_THREAD_NAME = "jupyter-gpu-verdict"

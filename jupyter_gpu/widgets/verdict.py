@@ -5,14 +5,14 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from jupyter_gpu.render import COLOUR
+from jupyter_gpu.gpucheck.render import COLOUR
 
 
 def gpucheck_verdict_html(cache: Any | None = None) -> str:
     """Run `%gpucheck`'s diagnosis of this kernel (torch is probed in a child process) and summarise it:
     the verdict, the primary finding and its exact fix. Takes seconds: call it off the kernel's thread.
     """
-    from jupyter_gpu.check import check_this_environment
+    from jupyter_gpu.gpucheck.run import check_this_environment
 
     try:
         report = check_this_environment(cache)

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from jupyter_gpu.batchprobe.budget import TensorBudget
-from jupyter_gpu.batchprobe.probe import ProbeRequest, StickyCudaError, probe_batch_size, run_probe
 from jupyter_gpu.batchprobe.result import BatchProbeResult
+from jupyter_gpu.batchprobe.runner import ProbeRequest, StickyCudaError, probe_batch_size, run_probe
 
 MiB = 2**20
 BUDGET = 4 * MiB

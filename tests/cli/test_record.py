@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu.backends import BACKEND_ENV, ReplayBackend, select_backend
 from jupyter_gpu.cli import main
-from jupyter_gpu.recording import load_recording
+from jupyter_gpu.metrics.backends import BACKEND_ENV, ReplayBackend, select_backend
+from jupyter_gpu.metrics.recording import load_recording
 
 FAST = ["--seconds", "0.5", "--interval", "0.1"]
 SIMULATED_NOTICE = "a simulated backend chosen by JUPYTER_GPU_BACKEND, not a real GPU"
@@ -168,7 +168,8 @@ def test_help_lists_record_and_stays_light():
     assert done.returncode == 0 and "--seconds S" in done.stdout and "replay:FILE" in done.stdout
     assert "record" in run(["--help"], env={}).stdout
     probe = ("import sys; from jupyter_gpu.cli import main; main(['record', '--help']); "
-             "print(sorted(m for m in ('pynvml', 'torch', 'jupyter_gpu.sampler', 'jupyter_gpu.backends') "
+             "print(sorted(m for m in ('pynvml', 'torch', 'jupyter_gpu.metrics.sampler', "
+             "'jupyter_gpu.metrics.backends') "
              "if m in sys.modules), file=sys.stderr)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.stderr.strip() == "[]"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpu.alerts import (
+from jupyter_gpu.metrics.alerts import (
     IDLE_AFTER_S,
     KernelView,
     kernel_memory,
     sample_alerts,
     uses_device,
 )
-from jupyter_gpu.metrics import DeviceSample, GpuProcess, Sample
+from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, Sample
 
 GIB = 1024**3
 ME = 4242

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from jupyter_gpu.backends import (
+from jupyter_gpu.metrics.backends import (
     BACKEND_ENV,
     SCENARIOS,
     BackendSpecError,
@@ -16,9 +16,9 @@ from jupyter_gpu.backends import (
     SimulatedBackend,
     select_backend,
 )
-from jupyter_gpu.backends.nvml import lost_message
-from jupyter_gpu.backends.simulated import LOST_AFTER_S
-from jupyter_gpu.metrics import PERFORMANCE_THROTTLES, DeviceSample, Sample, throttle_reason_names
+from jupyter_gpu.metrics.backends.nvml import lost_message
+from jupyter_gpu.metrics.backends.simulated import LOST_AFTER_S
+from jupyter_gpu.metrics.sample import PERFORMANCE_THROTTLES, DeviceSample, Sample, throttle_reason_names
 
 KIB = 1024
 MIB = 1024**2

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu.backends import BACKEND_ENV, BackendSpecError, ReplayBackend, SimulatedBackend, select_backend
-from jupyter_gpu.metrics import DeviceSample, Sample
-from jupyter_gpu.recording import (
+from jupyter_gpu.metrics.backends import BACKEND_ENV, BackendSpecError, ReplayBackend, SimulatedBackend, select_backend
+from jupyter_gpu.metrics.recording import (
     FORMAT,
     VERSION,
     NoDriverError,
@@ -21,7 +20,8 @@ from jupyter_gpu.recording import (
     record,
     write_recording,
 )
-from jupyter_gpu.sampler import THREAD_NAME, Sampler
+from jupyter_gpu.metrics.sample import DeviceSample, Sample
+from jupyter_gpu.metrics.sampler import THREAD_NAME, Sampler
 
 
 class FakeClock:

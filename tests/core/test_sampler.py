@@ -9,9 +9,9 @@ import time
 import pytest
 from threads import sampler_threads, wait_for
 
-from jupyter_gpu.backends import SimulatedBackend
-from jupyter_gpu.metrics import Sample
-from jupyter_gpu.sampler import THREAD_NAME, Sampler
+from jupyter_gpu.metrics.backends import SimulatedBackend
+from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.metrics.sampler import THREAD_NAME, Sampler
 
 
 class CountingBackend:
@@ -173,7 +173,7 @@ def test_a_raising_subscriber_is_logged_and_does_not_stop_sampling_or_others(cap
 
     sampler.subscribe(bad)
     sampler.subscribe(good.append)
-    with caplog.at_level(logging.ERROR, logger="jupyter_gpu.sampler"), sampler:
+    with caplog.at_level(logging.ERROR, logger="jupyter_gpu.metrics.sampler"), sampler:
         wait_for(lambda: len(good) >= 3)
         assert sampler.running
     assert any(r.exc_info and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
@@ -209,7 +209,7 @@ def test_a_backend_bug_becomes_an_error_sample_and_sampling_goes_on(caplog):
     backend = CountingBackend()
     backend.fail = True
     sampler = Sampler(backend, interval=0.1)
-    with caplog.at_level(logging.ERROR, logger="jupyter_gpu.sampler"), sampler:
+    with caplog.at_level(logging.ERROR, logger="jupyter_gpu.metrics.sampler"), sampler:
         wait_for(lambda: len(sampler.history()) >= 2)
         backend.fail = False
         wait_for(lambda: sampler.latest().status == "ok")

@@ -8,9 +8,9 @@ import time
 import pytest
 from threads import sampler_threads, wait_for
 
-from jupyter_gpu.backends import BACKEND_ENV, BackendSpecError
-from jupyter_gpu.metrics import Sample
-from jupyter_gpu.shared_sampler import RateLimiter, SamplerHub, close_shared_hubs, shared_hub
+from jupyter_gpu.metrics.backends import BACKEND_ENV, BackendSpecError
+from jupyter_gpu.metrics.hub import RateLimiter, SamplerHub, close_shared_hubs, shared_hub
+from jupyter_gpu.metrics.sample import Sample
 
 
 class CountingBackend:

@@ -6,17 +6,9 @@ import IPython
 import IPython.display
 import pytest
 
-from jupyter_gpu.models import Finding
-from jupyter_gpu.options import (
-    GPUTIME_VALUE_FLAGS,
-    OptionsError,
-    gputime_parser,
-    split_magic_line,
-    validate_gputime,
-)
-from jupyter_gpu.timing.advice import GpuAvailability, timing_findings
-from jupyter_gpu.timing.compare import Comparison, compare
-from jupyter_gpu.timing.ops import (
+from jupyter_gpu.gputime.advice import GpuAvailability, timing_findings
+from jupyter_gpu.gputime.compare import Comparison, compare
+from jupyter_gpu.gputime.ops import (
     DEVICE_TO_DEVICE,
     DEVICE_TO_HOST,
     HOST_TO_DEVICE,
@@ -25,9 +17,17 @@ from jupyter_gpu.timing.ops import (
     op_device_type,
     sync_reason,
 )
-from jupyter_gpu.timing.render import render_html, render_text
-from jupyter_gpu.timing.result import DeviceMemory, GpuBusy, GpuTimeResult, OpCounts
-from jupyter_gpu.timing.stats import summarize
+from jupyter_gpu.gputime.render import render_html, render_text
+from jupyter_gpu.gputime.result import DeviceMemory, GpuBusy, GpuTimeResult, OpCounts
+from jupyter_gpu.gputime.stats import summarize
+from jupyter_gpu.models import Finding
+from jupyter_gpu.options import (
+    GPUTIME_VALUE_FLAGS,
+    OptionsError,
+    gputime_parser,
+    split_magic_line,
+    validate_gputime,
+)
 from jupyter_gpu.units import format_bytes, format_seconds
 
 GPU = GpuAvailability(usable=True, devices=["cuda:0"])

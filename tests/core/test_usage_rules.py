@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jupyter_gpu.diagnose.usage import last_error_findings, usage_findings
+from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
 from jupyter_gpu.models import LAYER_LAST_ERROR, LAYER_USAGE
 
 DEFAULT_FLAGS = {
@@ -427,6 +427,6 @@ def test_unrelated_or_no_error_gives_nothing():
 
 
 def test_rules_never_import_torch():
-    code = "import sys, jupyter_gpu.diagnose.usage; print('torch' in sys.modules)"
+    code = "import sys, jupyter_gpu.gpucheck.diagnose.usage; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpu.diagnose.wheels import (
+from jupyter_gpu.gpucheck.diagnose.wheels import (
     MIN_DRIVER_FOR_CUDA_MAJOR,
     arch_flags_for,
     arch_supports,

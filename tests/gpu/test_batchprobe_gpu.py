@@ -36,7 +36,7 @@ def cuda_model():
 def test_the_cap_is_exact_restored_and_memory_returns(cuda_model) -> None:
     import torch
 
-    from jupyter_gpu.batchprobe.probe import ProbeRequest, probe_batch_size
+    from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
 
     model, optimizer, step = cuda_model
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -93,7 +93,7 @@ def test_the_fake_estimate_against_the_real_cuda_peak(cuda_model) -> None:
 def test_a_cuda_out_of_memory_from_the_real_allocator_is_recovered(cuda_model) -> None:
     import torch
 
-    from jupyter_gpu.batchprobe.probe import ProbeRequest, probe_batch_size
+    from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
 
     model, optimizer, step = cuda_model
     allocated = torch.cuda.memory_allocated(0)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from jupyter_gpu.backends import NvmlBackend
-from jupyter_gpu.shared_sampler import SamplerHub
+from jupyter_gpu.metrics.backends import NvmlBackend
+from jupyter_gpu.metrics.hub import SamplerHub
 
 pytestmark = pytest.mark.gpu
 

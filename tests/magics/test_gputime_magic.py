@@ -10,8 +10,8 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from jupyter_gpu.sampler import THREAD_NAME
-from jupyter_gpu.timing.cell import LOOP_COUNT, LOOP_INDEX
+from jupyter_gpu.magics.cell import LOOP_COUNT, LOOP_INDEX
+from jupyter_gpu.metrics.sampler import THREAD_NAME
 
 # Sleeps overshoot on a loaded CI machine, never undershoot: the upper tolerance is generous.
 SLEEP_SLACK = 0.04
@@ -301,7 +301,7 @@ def test_compare_shows_speedups(ip):
 
 
 def test_long_repeats_show_progress_then_clear_it(ip, monkeypatch):
-    from jupyter_gpu.timing import runner
+    from jupyter_gpu.gputime import runner
 
     monkeypatch.setattr(runner, "PROGRESS_AFTER_SECONDS", 0.01)  # what counts as "long" on this machine
     ip.run_cell("import time")

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from jupyter_gpu.backends.nvml import NvmlBackend, lost_message, mig_profile
-from jupyter_gpu.metrics import GpuProcess, MigInstance
+from jupyter_gpu.metrics.backends.nvml import NvmlBackend, lost_message, mig_profile
+from jupyter_gpu.metrics.sample import GpuProcess, MigInstance
 
 MIB = 1024**2
 NOT_APPLICABLE = 0xFFFFFFFF  # NVML's gpuInstanceId for a process outside any MIG instance
@@ -223,8 +223,8 @@ def test_real_pynvml_without_a_driver_is_a_no_driver_sample_not_an_exception():
 def test_pynvml_is_imported_on_the_first_read_not_at_import_or_construction():
     code = (
         "import sys\n"
-        "from jupyter_gpu.backends import select_backend\n"
-        "import jupyter_gpu.sampler\n"
+        "from jupyter_gpu.metrics.backends import select_backend\n"
+        "import jupyter_gpu.metrics.sampler\n"
         "backend = select_backend('nvml')\n"
         "assert 'pynvml' not in sys.modules, 'imported too early'\n"
         "backend.read()\n"
@@ -343,7 +343,7 @@ def test_pcie_throughput_is_converted_from_kb_to_bytes_per_second():
 
 def test_pcie_throughput_is_re_read_only_every_few_seconds():
     # Each PCIe call may wait NVML's 20 ms counting window: the 0.1 s sampler must not pay it every read.
-    from jupyter_gpu.backends.nvml import PCIE_REFRESH_S
+    from jupyter_gpu.metrics.backends.nvml import PCIE_REFRESH_S
 
     clock = FakeClock()
     gpu = FakeGpu()

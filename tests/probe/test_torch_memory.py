@@ -10,8 +10,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from jupyter_gpu.metrics import DeviceSample, MigInstance, Sample
-from jupyter_gpu.torch_memory import torch_memory_by_uuid, with_torch_memory
+from jupyter_gpu.kernel_torch import torch_memory_by_uuid, with_torch_memory
+from jupyter_gpu.metrics.sample import DeviceSample, MigInstance, Sample
 
 GIB = 1024**3
 
@@ -81,8 +81,8 @@ def test_no_driver_sample_is_left_alone():
 def test_with_the_real_cpu_torch_nothing_changes_and_cuda_stays_down():
     code = """
 import torch
-from jupyter_gpu.metrics import DeviceSample, Sample
-from jupyter_gpu.torch_memory import with_torch_memory
+from jupyter_gpu.metrics.sample import DeviceSample, Sample
+from jupyter_gpu.kernel_torch import with_torch_memory
 s = Sample(1.0, "nvml", False, devices=(DeviceSample(0, "H200", "GPU-aaaa"),))
 assert with_torch_memory(s) is s
 print(torch.cuda.is_initialized())
@@ -94,8 +94,8 @@ print(torch.cuda.is_initialized())
 def test_torch_is_not_imported_by_asking():
     code = """
 import sys
-from jupyter_gpu.metrics import Sample
-from jupyter_gpu.torch_memory import with_torch_memory
+from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.kernel_torch import with_torch_memory
 with_torch_memory(Sample(1.0, "nvml", False))
 print("torch" in sys.modules)
 """

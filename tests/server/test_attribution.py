@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu.metrics import DeviceSample, GpuProcess, Sample
+from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, Sample
 from jupyter_gpu.server.attribution import OTHER_PROCESS, attribute
 from jupyter_gpu.server.kernels import BusyTracker, KernelInfo
 from jupyter_gpu.server.processes import ProcessInfo, cached_lookup, read_process

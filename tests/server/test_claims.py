@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu.backends.claims import CLAIMS_ENV, claim_memory, release_memory
-from jupyter_gpu.backends.simulated import SimulatedBackend
+from jupyter_gpu.metrics.backends.claims import CLAIMS_ENV, claim_memory, release_memory
+from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
 from jupyter_gpu.units import parse_bytes
 
 

@@ -10,13 +10,13 @@ import pytest
 from threads import sampler_threads, wait_for
 from traitlets import TraitError
 
-from jupyter_gpu.backends.simulated import SimulatedBackend
-from jupyter_gpu.metrics import DeviceSample, GpuProcess, Sample
+from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
+from jupyter_gpu.metrics.hub import SamplerHub
+from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, Sample
 from jupyter_gpu.server.config import JupyterGpu
 from jupyter_gpu.server.kernels import KernelInfo
 from jupyter_gpu.server.monitor import GpuMonitor, server_alerts
 from jupyter_gpu.server.processes import ProcessInfo
-from jupyter_gpu.shared_sampler import SamplerHub
 
 
 def monitor_for(scenario: str, **kwargs: object) -> GpuMonitor:

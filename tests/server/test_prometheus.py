@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from jupyter_gpu.metrics import DeviceSample, GpuProcess, Sample
+from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, Sample
 from jupyter_gpu.server.attribution import attribute
 from jupyter_gpu.server.kernels import KernelInfo
 from jupyter_gpu.server.processes import ProcessInfo

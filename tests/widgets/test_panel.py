@@ -12,10 +12,10 @@ import ipywidgets
 import pytest
 from threads import sampler_threads, wait_for
 
-from jupyter_gpu.backends import SimulatedBackend
-from jupyter_gpu.metrics import DeviceSample, GpuProcess, Sample
-from jupyter_gpu.sampler import THREAD_NAME
-from jupyter_gpu.shared_sampler import SamplerHub, close_shared_hubs
+from jupyter_gpu.metrics.backends import SimulatedBackend
+from jupyter_gpu.metrics.hub import SamplerHub, close_shared_hubs
+from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, Sample
+from jupyter_gpu.metrics.sampler import THREAD_NAME
 from jupyter_gpu.widgets.panel import GpuPanel
 
 GIB = 1024**3

@@ -1,0 +1,235 @@
+"""Derived, typed answers over a raw facts snapshot, so the rules read like the catalogue."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, parse_visible_devices
+
+ERROR_NUMBER = re.compile(r"Error (\d+)")
+FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
+
+
+@dataclass(frozen=True)
+class NvmlDevice:
+    index: int
+    name: str | None
+    uuid: str | None
+    capability: tuple[int, int] | None
+    memory_total: int | None
+    memory_used: int | None
+    compute_mode: int | None
+    mig_mode: int | None
+    mig_devices: list[dict[str, Any]] | None
+    processes: list[dict[str, Any]] | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NvmlDevice:
+        cc = data.get("compute_capability")
+        return cls(
+            index=int(data.get("index", 0)), name=data.get("name"), uuid=data.get("uuid"),
+            capability=(int(cc[0]), int(cc[1])) if cc else None,
+            memory_total=data.get("memory_total"), memory_used=data.get("memory_used"),
+            compute_mode=data.get("compute_mode"), mig_mode=data.get("mig_mode"),
+            mig_devices=data.get("mig_devices"), processes=data.get("processes"),
+        )
+
+
+class FactsView:
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.raw = snapshot
+        self.system: dict[str, Any] = snapshot.get("system") or {}
+        self.env: dict[str, str] = snapshot.get("env") or {}
+        self.install: dict[str, Any] = snapshot.get("install") or {}
+        self.python: dict[str, Any] = snapshot.get("python") or {}
+        self.nvml: dict[str, Any] = snapshot.get("nvml") or {}
+        self.torch: dict[str, Any] | None = snapshot.get("torch")
+        self.kernel: dict[str, Any] = snapshot.get("kernel") or {}
+        self.in_kernel: dict[str, Any] = snapshot.get("in_kernel") or {}
+        self.notebook: dict[str, Any] | None = snapshot.get("notebook")
+        self.hosting: dict[str, Any] = self.system.get("hosting") or {}
+        self.platform: dict[str, Any] = self.system.get("platform") or {}
+
+    # -- the kernel's Python and torch install -------------------------------------------------------
+    @property
+    def base_probe_ok(self) -> bool:
+        run = (self.raw.get("probe") or {}).get("base") or {}
+        return bool(run.get("ok"))
+
+    @property
+    def kernel_python(self) -> str:
+        return self.python.get("executable") or (self.raw.get("context") or {}).get("python") or "python"
+
+    @property
+    def torch_installed(self) -> bool:
+        return bool(self.install.get("spec_origin"))
+
+    @property
+    def torch_version(self) -> str | None:
+        if self.torch and self.torch.get("version"):
+            return self.torch["version"]
+        build = self.install.get("build") or {}
+        if build.get("version"):
+            return build["version"]
+        dists = self.install.get("distributions") or []
+        return dists[0]["version"] if dists else None
+
+    @property
+    def torch_cuda(self) -> str | None:
+        """The CUDA version torch was built with ("13.0"), None for CPU/ROCm builds."""
+        if self.torch and "import_error" not in self.torch:
+            return self.torch.get("cuda")
+        return (self.install.get("build") or {}).get("cuda")
+
+    @property
+    def torch_hip(self) -> str | None:
+        if self.torch and "import_error" not in self.torch:
+            return self.torch.get("hip")
+        return (self.install.get("build") or {}).get("hip")
+
+    @property
+    def build_known(self) -> bool:
+        return bool(self.install.get("build")) or bool(self.torch and "import_error" not in self.torch)
+
+    @property
+    def cpu_only_build(self) -> bool:
+        if not self.torch_installed or not self.build_known:
+            return False
+        if self.torch_cuda or self.torch_hip:
+            return False
+        if self.torch and "import_error" not in self.torch and self.torch.get("compiled_with_cuda"):
+            return False
+        conda = " ".join(b or "" for b in self.install.get("conda_builds") or [])
+        return "cuda" not in conda
+
+    @property
+    def torch_import_error(self) -> str | None:
+        return (self.torch or {}).get("import_error")
+
+    @property
+    def torch_probe_record(self) -> dict[str, Any]:
+        return (self.raw.get("probe") or {}).get("torch") or {}
+
+    # -- the host --------------------------------------------------------------------------------------
+    @property
+    def nvidia_pci(self) -> list[dict[str, Any]]:
+        return [g for g in self.system.get("pci_gpus") or [] if g.get("vendor") == "nvidia"]
+
+    @property
+    def amd_pci(self) -> list[dict[str, Any]]:
+        return [g for g in self.system.get("pci_gpus") or [] if g.get("vendor") == "amd"]
+
+    @property
+    def device_nodes(self) -> dict[str, bool]:
+        return {n["path"]: bool(n.get("read_write")) for n in self.system.get("device_nodes") or []}
+
+    @property
+    def nvidia_gpu_nodes(self) -> list[str]:
+        return [p for p in self.device_nodes if re.fullmatch(r"/dev/nvidia\d+", p)]
+
+    @property
+    def driver(self) -> dict[str, Any]:
+        return self.system.get("driver") or {}
+
+    @property
+    def nvml_ok(self) -> bool:
+        return self.nvml.get("status") == "ok"
+
+    @property
+    def nvml_error_code(self) -> int | None:
+        code = self.nvml.get("error_code")
+        return int(code) if code is not None else None
+
+    @cached_property
+    def nvml_devices(self) -> list[NvmlDevice]:
+        return [NvmlDevice.from_dict(d) for d in self.nvml.get("devices") or []]
+
+    @property
+    def driver_version(self) -> str | None:
+        return self.nvml.get("driver_version") or self.driver.get("kernel_module_version")
+
+    @property
+    def cuda_driver_version(self) -> int | None:
+        """The driver's CUDA version as an int (12080 = 12.8): NVML, else torch's "found version" text."""
+        if self.nvml.get("cuda_driver_version"):
+            return int(self.nvml["cuda_driver_version"])
+        for text in self.cuda_messages:
+            match = FOUND_VERSION.search(text)
+            if match:
+                return int(match.group(1))
+        return None
+
+    @property
+    def nvidia_present(self) -> bool:
+        return bool(self.nvidia_pci or self.nvidia_gpu_nodes or self.driver.get("proc_version_text")
+                    or (self.nvml_ok and self.nvml_devices))
+
+    @property
+    def in_container(self) -> bool:
+        h = self.hosting
+        return bool(h.get("docker") or h.get("podman") or h.get("cgroup_container") or h.get("kubernetes"))
+
+    # -- torch's own CUDA probe ------------------------------------------------------------------------
+    @property
+    def probe_ran(self) -> bool:
+        return self.torch is not None and "import_error" not in self.torch
+
+    @property
+    def cuda_messages(self) -> list[str]:
+        """Warnings and errors torch printed while initialising CUDA, verbatim."""
+        torch = self.torch or {}
+        messages = list(torch.get("warnings") or [])
+        for key in ("init_error", "cuda_error"):
+            if torch.get(key):
+                messages.append(torch[key])
+        return messages
+
+    def cuda_error_number(self) -> int | None:
+        for text in self.cuda_messages:
+            if "cudaGetDeviceCount" in text or "CUDA" in text:
+                match = ERROR_NUMBER.search(text)
+                if match:
+                    return int(match.group(1))
+        return None
+
+    def message_containing(self, *needles: str) -> str | None:
+        for text in self.cuda_messages:
+            if any(n.lower() in text.lower() for n in needles):
+                return text
+        return None
+
+    @property
+    def torch_devices(self) -> list[dict[str, Any]]:
+        return list((self.torch or {}).get("devices") or [])
+
+    @property
+    def arch_flags(self) -> list[str]:
+        return list((self.torch or {}).get("arch_flags") or [])
+
+    # -- visibility ---------------------------------------------------------------------------------------
+    @property
+    def visibility(self) -> Visibility:
+        count = len(self.nvml_devices) if self.nvml_ok else None
+        return parse_visible_devices(self.env.get("CUDA_VISIBLE_DEVICES"), count)
+
+    def visible_nvml_devices(self) -> list[NvmlDevice]:
+        devices = self.nvml_devices
+        vis = self.visibility
+        if vis.mode == "all":
+            return devices
+        if vis.mode == "uuids":
+            # A GPU is selected by its UUID or a unique prefix of it, or through one of its MIG instances.
+            def selected(d: NvmlDevice) -> bool:
+                migs = {m.get("uuid") for m in d.mig_devices or []}
+                return any(u in migs or bool(d.uuid and d.uuid.startswith(u)) for u in vis.uuids)
+
+            return [d for d in devices if selected(d)]
+        by_index = {d.index: d for d in devices}
+        return [by_index[i] for i in vis.indices if i in by_index]
+
+    @property
+    def pid(self) -> int | None:
+        return (self.raw.get("context") or {}).get("pid")

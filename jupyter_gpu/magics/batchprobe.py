@@ -1,0 +1,131 @@
+"""IPython glue for `%batchprobe` / `%%batchprobe`: parse, run the probe (or the estimate), display."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import Image, display
+
+from jupyter_gpu.magics.progress import ProgressLine
+from jupyter_gpu.options import (
+    OptionsError,
+    batchprobe_parser,
+    validate_batchprobe,
+)
+
+CELL_PARAMETER = "batch_size"
+
+
+@magics_class
+class BatchProbeMagics(Magics):
+    @line_cell_magic
+    def batchprobe(self, line: str, cell: str | None = None) -> Any:
+        """Find the largest batch size that fits in memory, with the model left exactly as it was.
+
+        Usage:  %batchprobe STEP [options]      STEP(batch_size) runs one training step
+                %%batchprobe [options]          the cell body is the step; it reads `batch_size`
+
+        Each trial runs --steps real steps (so optimizer state is counted). The first trials measure peak
+        memory against the batch size and jump close to the limit; the answer is exact (N runs, N+1 does
+        not) and re-run before it is returned. Out-of-memory errors of every kind are recovered from and
+        cleaned up, including what IPython keeps alive after an earlier cell's error. Parameters, buffers,
+        gradients, optimizer and scheduler state, train/eval mode and RNG states are put back bitwise.
+
+          --start N        first batch size (default 2)
+          --max N          largest batch size worth trying (default 65536)
+          --max-memory S   budget, e.g. 6GiB: a CUDA allocator cap, or on the CPU a count of live tensor
+                           bytes (default: the device's free memory)
+          --margin F       share of the budget the recommendation keeps free (default 0.1)
+          --steps K        steps per trial (default 2)
+          --amp {bf16,fp16}  run the step under torch.autocast
+          --estimate --for 24GiB,80GiB   predict with fake tensors, nothing run on a device
+          -o               return the BatchProbeResult (.max_batch_size, .recommended, .trials)
+          -q               print nothing
+        """
+        magic = "%%batchprobe" if cell is not None else "%batchprobe"
+        options, step = self._parse(magic, line, cell)
+        if options.estimate:
+            return self._estimate(magic, options, step)
+        from jupyter_gpu.batchprobe.runner import DEFAULT_MAX_BATCH, ProbeError, ProbeRequest, run_probe
+
+        request = ProbeRequest(start=options.start, maximum=options.maximum or DEFAULT_MAX_BATCH,
+                               max_memory=options.max_memory, margin=options.margin, steps=options.steps,
+                               amp=options.amp)
+        try:
+            result = run_probe(step, request, namespace=self.shell.user_ns, shell=self.shell,
+                               progress=None if options.quiet else ProgressLine())
+        except ProbeError as exc:
+            raise UsageError(f"{magic}: {exc}") from None
+        # With -o, a cell magic's return value is the cell's Out: displaying it here would show it twice.
+        shown_as_value = options.return_result and cell is not None and not result.interrupted
+        if not options.quiet and not shown_as_value:
+            display(result)
+        if not options.quiet:
+            self._plot(result)
+        if result.interrupted:
+            raise KeyboardInterrupt  # the finished trials are shown; stop as asked ("Run all" stops too)
+        return result if options.return_result else None
+
+    def _parse(self, magic: str, line: str, cell: str | None) -> tuple[Any, Callable[[int], Any]]:
+        try:
+            options = batchprobe_parser(magic).parse_args(shlex.split(line))
+            validate_batchprobe(options)
+        except (OptionsError, ValueError) as exc:  # ValueError: unbalanced quotes
+            raise UsageError(f"{magic}: {exc}") from None
+        if cell is not None:
+            if options.names:
+                raise UsageError(f"%%batchprobe takes only options on its first line, not {' '.join(options.names)!r};"
+                                 f" the cell body is the step and reads `{CELL_PARAMETER}`.")
+            if not cell.strip():
+                raise UsageError("%%batchprobe has an empty cell: write one training step that uses `batch_size`.")
+            from jupyter_gpu.magics.cell import compile_cell_function
+
+            step = compile_cell_function(self.shell, cell, f"%%batchprobe {line}".rstrip(), CELL_PARAMETER,
+                                         self.shell.user_ns)
+            return options, step
+        return options, self._named_step(options.names)
+
+    def _named_step(self, names: list[str]) -> Callable[[int], Any]:
+        if not names:
+            raise UsageError("%batchprobe needs the name of a step function, e.g. %batchprobe train_step "
+                             "--max-memory 6GiB, where train_step(batch_size) runs one training step; or use "
+                             "%%batchprobe with the step in the cell body.")
+        name, *extra = names
+        if extra:
+            raise UsageError(f"%batchprobe takes one step name; {' '.join(extra)!r} is neither a step nor an "
+                             "option (options start with -).")
+        if name not in self.shell.user_ns:
+            raise UsageError(f"%batchprobe: there is no {name!r} in the notebook; define "
+                             f"def {name}(batch_size): ... first.")
+        step = self.shell.user_ns[name]
+        if not callable(step):
+            raise UsageError(f"%batchprobe: {name!r} is a {type(step).__name__}, not a function; it must be "
+                             "callable as step(batch_size).")
+        return step
+
+    def _estimate(self, magic: str, options: Any, step: Callable[[int], Any]) -> Any:
+        from jupyter_gpu.batchprobe.estimate import EstimateError, estimate_peaks
+        from jupyter_gpu.batchprobe.runner import DEFAULT_MAX_BATCH
+
+        sizes = options.memory_sizes or [options.max_memory]
+        try:
+            estimate = estimate_peaks(step, [], namespace=self.shell.user_ns, memory_sizes=sizes,
+                                      margin=options.margin, start=options.start,
+                                      maximum=options.maximum or DEFAULT_MAX_BATCH, amp=options.amp)
+        except EstimateError as exc:
+            raise UsageError(f"{magic}: {exc}") from None
+        if not options.quiet:
+            display(estimate)
+        return estimate if options.return_result else None
+
+    @staticmethod
+    def _plot(result: Any) -> None:
+        from jupyter_gpu.batchprobe.render import plot_png
+
+        png = plot_png(result) if len(result.trials) > 1 else None
+        if png is not None:
+            display(Image(data=png, format="png"))

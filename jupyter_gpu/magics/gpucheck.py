@@ -1,0 +1,73 @@
+"""IPython glue for `%gpucheck`: parse, gather, diagnose, display. No diagnosis logic lives here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.display import display
+
+from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.gpucheck.facts.gather import TorchProbeCache
+from jupyter_gpu.gpucheck.report import GpuCheckReport
+from jupyter_gpu.options import OptionsError, check_parser, validate
+
+
+def _last_exception() -> BaseException | None:
+    # IPython records the last uncaught cell exception here (sys.last_exc from Python 3.12 on).
+    return getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+
+
+@magics_class
+class GpuCheckMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.torch_probe_cache = TorchProbeCache()
+        # Set by tests to point the magic at a fake machine (see tests/fixtures/fake_machine.py).
+        self.context: ProbeContext | None = None
+
+    @line_magic
+    def gpucheck(self, line: str) -> GpuCheckReport | None:
+        """Is PyTorch in this kernel really able to use the GPU? If not, why, and the exact fix.
+
+        Usage: %gpucheck [NAME ...] [-v] [--json] [--save FILE] [--facts FILE] [--root DIR] [-q] [-o] [--refresh]
+
+        Checks the kernel's Python and torch install, the driver, the GPUs and their visibility without
+        initialising CUDA in this kernel (torch is probed in a child process), then audits the notebook's
+        models, tensors, optimizers and DataLoaders (or only the NAMEs given) and the last error.
+
+          -v            also show every fact gathered
+          --json        print the report as JSON
+          --save FILE   write the facts snapshot to FILE (attach it to a bug report)
+          --facts FILE  diagnose a saved snapshot instead of this kernel
+          --root DIR    read system files under DIR instead of /
+          -q            print nothing
+          -o            return the GpuCheckReport (.status, .findings, .to_dict())
+          --refresh     probe torch again even if nothing changed since the last check
+        """
+        try:
+            options = check_parser("%gpucheck", magic=True).parse_args(shlex.split(line))
+            validate(options)
+        except (OptionsError, ValueError) as exc:
+            raise UsageError(f"%gpucheck: {exc}") from None
+        from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
+        from jupyter_gpu.gpucheck.run import run_check
+
+        notebook = None
+        if not options.facts:
+            notebook = gather_notebook_facts(self.shell.user_ns, names=options.names or None,
+                                             last_exception=_last_exception())
+        try:
+            report = run_check(options, notebook=notebook, cache=self.torch_probe_cache, context=self.context)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"%gpucheck: {exc}") from None
+        if options.json:
+            print(json.dumps(report.to_dict(), indent=2, default=str))
+        elif not options.quiet:
+            display(report)
+        return report if options.return_result else None
+

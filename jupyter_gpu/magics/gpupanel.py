@@ -1,0 +1,102 @@
+"""IPython glue for `%gpupanel`: parse, open a panel on the shared sampler, keep track of open panels."""
+
+from __future__ import annotations
+
+import shlex
+from functools import partial
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.display import display
+
+from jupyter_gpu.metrics.backends import BackendSpecError
+from jupyter_gpu.metrics.hub import shared_hub
+from jupyter_gpu.options import OptionsError, gpupanel_parser
+from jupyter_gpu.widgets.activity import CellActivity
+
+
+@magics_class
+class GpuPanelMagics(Magics):
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.activity = CellActivity(shell)
+        self._open: list[tuple[Any, str | None]] = []  # (GpuPanel, id of the cell that opened it), oldest first
+
+    @line_magic
+    def gpupanel(self, line: str) -> Any:
+        """A live panel of every GPU: utilisation, memory (the driver's and PyTorch's), temperature, power,
+        throttling, who holds memory, and alerts when something is wrong.
+
+        Usage: %gpupanel [--interval SECONDS] [--history N] [--devices LIST] [--close] [-o]
+
+          --interval S   seconds between updates (default 1, at least 0.1)
+          --history N    samples kept in the sparklines (default 60)
+          --devices L    NVML indices to show, e.g. 0,2 or 0-3 (default: all)
+          --close        close every panel this kernel shows
+          -o             return the panel widget
+
+        Every panel in this kernel shares one sampler thread; closing the last panel (its Close button,
+        --close or %unload_ext jupyter_gpu) stops it. Re-running a cell replaces the panel it opened.
+        """
+        try:
+            options = gpupanel_parser().parse_args(shlex.split(line))
+        except (OptionsError, ValueError) as exc:
+            raise UsageError(f"%gpupanel: {exc}") from None
+        self._open = [(p, cell) for p, cell in self._open if not p.closed]
+        if options.close:
+            closed = self.close_panels()
+            print(f"Closed {closed} GPU panel{'s' if closed != 1 else ''}.")
+            return None
+        self._replace_panel_of_this_cell()
+        from jupyter_gpu.widgets.panel import GpuPanel
+        from jupyter_gpu.widgets.verdict import gpucheck_verdict_html
+
+        checker = self.shell.magics_manager.registry.get("GpuCheckMagics")
+        try:
+            panel = GpuPanel(shared_hub(), interval=options.interval, history=options.history, devices=options.devices,
+                             cell_started=lambda: self.activity.started,
+                             verdict=partial(gpucheck_verdict_html, getattr(checker, "torch_probe_cache", None)))
+        except BackendSpecError as exc:
+            raise UsageError(f"%gpupanel: {exc}") from None
+        self._check_devices(panel, options.devices)
+        self._open.append((panel, self.activity.cell_id))
+        display(panel)
+        return panel if options.return_result else None
+
+    @property
+    def panels(self) -> list[Any]:
+        """The panels still open, oldest first."""
+        return [panel for panel, _ in self._open if not panel.closed]
+
+    def _replace_panel_of_this_cell(self) -> None:
+        # Re-running a cell clears its output, but the old panel's widgets would live and update for ever.
+        cell = self.activity.cell_id
+        if cell is None:
+            return
+        for panel, _ in [entry for entry in self._open if entry[1] == cell]:
+            panel.close()
+        self._open = [entry for entry in self._open if entry[1] != cell]
+
+    def _check_devices(self, panel: Any, wanted: tuple[int, ...] | None) -> None:
+        first = panel.first
+        if wanted is None or first.status != "ok":
+            return
+        present = [d.index for d in first.devices]
+        missing = [i for i in wanted if i not in present]
+        if missing:
+            panel.close()
+            have = f"GPUs {', '.join(map(str, present))}" if present else "no GPU"
+            raise UsageError(f"%gpupanel: there is no GPU {', '.join(map(str, missing))} here; NVML lists {have}.")
+
+    def close_panels(self) -> int:
+        panels = self.panels
+        self._open = []
+        for panel in panels:
+            panel.close()
+        return len(panels)
+
+    def close(self) -> None:
+        """`%unload_ext`: every panel stops, the cell hooks go."""
+        self.close_panels()
+        self.activity.close()
