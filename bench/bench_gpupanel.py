@@ -47,7 +47,8 @@ from typing import Any
 
 from jupyter_client import KernelManager
 
-from jupyter_gpu.metrics.backends import BACKEND_ENV, SCENARIOS, SimulatedBackend
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV
+from jupyter_gpu.metrics.backends.simulated import SCENARIOS, SimulatedBackend
 from jupyter_gpu.metrics.hub import SamplerHub
 from jupyter_gpu.metrics.sample import Sample
 from jupyter_gpu.metrics.sampler import THREAD_NAME, Sampler
@@ -219,7 +220,7 @@ class Kernel:
 KERNEL_SETUP = f"""
 %load_ext jupyter_gpu
 import dataclasses, statistics, threading, time
-from jupyter_gpu.metrics.backends import SimulatedBackend
+from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
 from jupyter_gpu.metrics.sampler import THREAD_NAME
 from jupyter_gpu.widgets.panel import GpuPanel
 

@@ -73,7 +73,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_gpu.metrics.backends import BACKEND_ENV, select_backend
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV
+from jupyter_gpu.metrics.backends.select import select_backend
 from jupyter_gpu.server.config import JupyterGpu
 
 BENCH_DIR = Path(__file__).resolve().parent

@@ -28,7 +28,8 @@ import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from jupyter_gpu.metrics.backends import Backend, select_backend
+from jupyter_gpu.metrics.backends.base import Backend
+from jupyter_gpu.metrics.backends.select import select_backend
 from jupyter_gpu.metrics.sampler import THREAD_NAME
 
 SPEC = "simulated:a100x8-mig"

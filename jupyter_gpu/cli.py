@@ -55,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if options.command == "record":
         return run_record(options)
+    from jupyter_gpu.gpucheck.request import CheckRequest
     from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
 
     try:
-        report = run_check(options)
+        report = run_check(CheckRequest.from_options(options))
     except (OSError, ValueError) as exc:  # an unreadable --facts file or an unwritable --save path
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -83,8 +84,10 @@ def _validate_record(options: argparse.Namespace) -> None:
 
 def run_record(options: argparse.Namespace) -> int:
     """`jupyter-gpu record FILE --seconds S`: record the selected backend, then write FILE atomically."""
-    from jupyter_gpu.metrics.backends import BackendSpecError, select_backend  # deferred: `--help` stays instant
-    from jupyter_gpu.metrics.recording import NoDriverError, record, write_recording
+    from jupyter_gpu.metrics.backends.base import BackendSpecError  # deferred: `--help` stays instant
+    from jupyter_gpu.metrics.backends.select import select_backend
+    from jupyter_gpu.metrics.recorder import NoDriverError, record
+    from jupyter_gpu.metrics.recording import write_recording
     from jupyter_gpu.metrics.sample import Sample
 
     out = sys.stderr  # progress and messages: stdout stays empty, as for any recorder writing a file

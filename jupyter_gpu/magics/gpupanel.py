@@ -10,9 +10,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from jupyter_gpu.metrics.backends import BackendSpecError
+from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.hub import shared_hub
-from jupyter_gpu.options import OptionsError, gpupanel_parser
+from jupyter_gpu.options import OptionsError, gpupanel_parser, help_from
 from jupyter_gpu.widgets.activity import CellActivity
 
 
@@ -24,17 +24,10 @@ class GpuPanelMagics(Magics):
         self._open: list[tuple[Any, str | None]] = []  # (GpuPanel, id of the cell that opened it), oldest first
 
     @line_magic
+    @help_from(gpupanel_parser)
     def gpupanel(self, line: str) -> Any:
         """A live panel of every GPU: utilisation, memory (the driver's and PyTorch's), temperature, power,
         throttling, who holds memory, and alerts when something is wrong.
-
-        Usage: %gpupanel [--interval SECONDS] [--history N] [--devices LIST] [--close] [-o]
-
-          --interval S   seconds between updates (default 1, at least 0.1)
-          --history N    samples kept in the sparklines (default 60)
-          --devices L    NVML indices to show, e.g. 0,2 or 0-3 (default: all)
-          --close        close every panel this kernel shows
-          -o             return the panel widget
 
         Every panel in this kernel shares one sampler thread; closing the last panel (its Close button,
         --close or %unload_ext jupyter_gpu) stops it. Re-running a cell replaces the panel it opened.

@@ -9,9 +9,16 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
 from jupyter_gpu.magics.progress import ProgressLine
-from jupyter_gpu.metrics.backends import BackendSpecError
+from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.hub import Lease, shared_hub
-from jupyter_gpu.options import GPUTIME_VALUE_FLAGS, OptionsError, gputime_parser, split_magic_line, validate_gputime
+from jupyter_gpu.options import (
+    GPUTIME_VALUE_FLAGS,
+    OptionsError,
+    gputime_parser,
+    help_from,
+    split_magic_line,
+    validate_gputime,
+)
 
 LABEL_WIDTH = 60
 
@@ -22,11 +29,9 @@ class GpuTimeMagics(Magics):
         super().__init__(shell)
 
     @line_cell_magic
+    @help_from(gputime_parser)
     def gputime(self, line: str, cell: str | None = None) -> Any:
         """Time a cell on the GPU correctly, and say whether its work ran on the GPU at all.
-
-        Usage:  %%gputime [-n N] [-r R] [-w W] [--auto [--budget S]] [--no-ops] [-l LABEL] [-o] [-q]
-                %gputime [options] STATEMENT
 
         By default the cell runs once, like %%time, and its variables stay in the notebook. The GPU is
         synchronised before (earlier cells' queued work is not billed here) and after; wall time and,
@@ -34,16 +39,6 @@ class GpuTimeMagics(Magics):
         apart (compile, autotuning, warm-up) and the steady state as median, min, IQR and n. The first run
         counts PyTorch operators per device, host/device copies and waits for the GPU; its cost is
         measured and stated. CUDA is never initialised unless the cell does it.
-
-          -n N          runs per repeat (each repeat's time is divided by N)
-          -r R          repeats (default 1; 7 with --auto)
-          -w W          warm-up runs after the first run, not counted
-          --auto        choose N so the timed runs take about --budget seconds (default 2)
-          --no-ops      do not count operators (the first run then carries no counting cost)
-          -l LABEL      the name compare() shows for this result
-          -o            return the GpuTimeResult (.times, .gpu_times, .median, .ops_by_device); with
-                        %%gputime it is the cell's value, shown once
-          -q            print nothing
         """
         __tracebackhide__ = True  # IPython hides this frame: an error in the cell shows the cell's lines
         options, statement = self._parse(line, cell)

@@ -11,7 +11,8 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 
-from jupyter_gpu.metrics.backends import BACKEND_ENV, Backend, select_backend
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV, Backend
+from jupyter_gpu.metrics.backends.select import select_backend
 from jupyter_gpu.metrics.sample import Sample
 from jupyter_gpu.metrics.sampler import Sampler, Subscriber, check_interval
 

@@ -1,6 +1,6 @@
 """GPU metrics recorded to a JSON file, so behaviour seen on a real GPU can be replayed as a regression test.
 
-`jupyter-gpu record FILE --seconds S` writes one (see `record` and `write_recording`); the
+`jupyter-gpu record FILE --seconds S` writes one (`jupyter_gpu.metrics.recorder` reads, `write_recording` writes); the
 `replay:FILE` backend plays one back (see `jupyter_gpu.metrics.backends.replay`). The file is plain JSON:
 
     {"format": "jupyter-gpu-recording", "version": 1, "recorded_at": "2025-01-31T12:00:00Z",
@@ -16,34 +16,22 @@ import contextlib
 import json
 import math
 import os
-import queue
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_gpu.metrics.sample import DeviceSample, Sample
-
-if TYPE_CHECKING:
-    from jupyter_gpu.metrics.backends import Backend
 
 FORMAT = "jupyter-gpu-recording"
 VERSION = 1
 
-# How long record() waits for the first reading before checking for Ctrl-C again (the wait itself is unbounded:
-# NVML's first start can be slow, and the user can always press Ctrl-C).
-_POLL_SECONDS = 0.5
 
 
 class RecordingError(ValueError):
     """A recording file that cannot be replayed, as one sentence naming the file."""
-
-
-class NoDriverError(RuntimeError):
-    """The backend's first reading says there is no driver: there is nothing worth recording."""
 
 
 @dataclass(frozen=True)
@@ -56,26 +44,6 @@ class Recording:
     backend: str | None  # the name of the backend recorded ("nvml", "simulated:h200", ...)
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """What `record` read: the samples, and whether Ctrl-C cut the recording short."""
-
-    samples: tuple[Sample, ...]
-    interrupted: bool
-
-    @property
-    def gpu_count(self) -> int:
-        """The most devices any sample saw (a GPU that falls off the bus stays listed, as `lost`)."""
-        return max((len(sample.devices) for sample in self.samples), default=0)
-
-    @property
-    def span(self) -> float:
-        """Seconds from the first sample to the last."""
-        if not self.samples:
-            return 0.0
-        return self.samples[-1].timestamp - self.samples[0].timestamp
-
-
 # -- writing -------------------------------------------------------------------------------------------
 
 
@@ -85,7 +53,7 @@ def write_recording(path: str | os.PathLike[str], samples: Sequence[Sample], int
 
     An interrupted write (Ctrl-C, a full disk) leaves either the old file or none, never half a recording.
     """
-    from jupyter_gpu import __version__
+    from jupyter_gpu.version import __version__
 
     target = Path(path)
     header: dict[str, Any] = {
@@ -198,57 +166,3 @@ def _json_type(value: object) -> str:
 
 def _text_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
-
-
-# -- recording -----------------------------------------------------------------------------------------
-
-
-def record(backend: Backend, seconds: float, interval: float = 1.0,
-           on_sample: Callable[[Sample], None] | None = None) -> Recorded:
-    """Poll `backend` with the real `Sampler`: once now, then every `interval` for `seconds`.
-
-    `on_sample` is called on the calling thread after each sample is kept. Ctrl-C (KeyboardInterrupt, also one
-    raised by `on_sample`) stops early and keeps what was read so far. If the first reading says there is no
-    driver, `NoDriverError` is raised with its message: recording it would only make an empty fixture.
-    """
-    from jupyter_gpu.metrics.sampler import (  # deferred: the sampler imports jupyter_gpu.metrics.backends
-        Sampler,
-        check_interval,
-    )
-
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"A recording must last a finite, positive number of seconds, got {seconds!r}.")
-    check_interval(interval)
-    expected = math.floor(seconds / interval + 1e-9) + 1  # the reading at 0 s, then one per interval
-    arrived: queue.Queue[Sample] = queue.Queue()
-    # The sampler keeps only the last reading (for its strictly increasing timestamps); we keep our own list.
-    sampler = Sampler(backend, interval=interval, history=1)
-    unsubscribe = sampler.subscribe(arrived.put)
-    samples: list[Sample] = []
-    interrupted = False
-    deadline = math.inf
-    sampler.start()
-    try:
-        while len(samples) < expected:
-            # Until the first reading arrives there is no deadline: the first NVML start can be slow.
-            wait = _POLL_SECONDS if not samples else deadline - time.monotonic()
-            if wait <= 0:
-                break  # slow reads made the sampler skip ticks; the time is up all the same
-            try:
-                sample = arrived.get(timeout=wait)
-            except queue.Empty:
-                continue
-            if not samples:
-                if sample.status == "no_driver":
-                    raise NoDriverError(sample.message or f"The {backend.name} backend found no GPU driver.")
-                # The time counts from the first reading; one interval of grace lets the last one land.
-                deadline = time.monotonic() + seconds + interval
-            samples.append(sample)
-            if on_sample is not None:
-                on_sample(sample)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        sampler.stop()
-        unsubscribe()
-    return Recorded(tuple(samples), interrupted)

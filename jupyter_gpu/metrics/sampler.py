@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 
-from jupyter_gpu.metrics.backends import Backend
+from jupyter_gpu.metrics.backends.base import Backend
 from jupyter_gpu.metrics.sample import Sample
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu.cli import main
-from jupyter_gpu.metrics.backends import BACKEND_ENV, ReplayBackend, select_backend
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV
+from jupyter_gpu.metrics.backends.replay import ReplayBackend
+from jupyter_gpu.metrics.backends.select import select_backend
 from jupyter_gpu.metrics.recording import load_recording
 
 FAST = ["--seconds", "0.5", "--interval", "0.1"]

@@ -8,16 +8,10 @@ import time
 
 import pytest
 
-from jupyter_gpu.metrics.backends import (
-    BACKEND_ENV,
-    SCENARIOS,
-    BackendSpecError,
-    NvmlBackend,
-    SimulatedBackend,
-    select_backend,
-)
-from jupyter_gpu.metrics.backends.nvml import lost_message
-from jupyter_gpu.metrics.backends.simulated import LOST_AFTER_S
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV, BackendSpecError
+from jupyter_gpu.metrics.backends.nvml import NvmlBackend, lost_message
+from jupyter_gpu.metrics.backends.select import select_backend
+from jupyter_gpu.metrics.backends.simulated import LOST_AFTER_S, SCENARIOS, SimulatedBackend
 from jupyter_gpu.metrics.sample import PERFORMANCE_THROTTLES, DeviceSample, Sample, throttle_reason_names
 
 KIB = 1024

@@ -8,7 +8,7 @@ import time
 import pytest
 from threads import sampler_threads, wait_for
 
-from jupyter_gpu.metrics.backends import BACKEND_ENV, BackendSpecError
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV, BackendSpecError
 from jupyter_gpu.metrics.hub import RateLimiter, SamplerHub, close_shared_hubs, shared_hub
 from jupyter_gpu.metrics.sample import Sample
 

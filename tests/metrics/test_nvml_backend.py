@@ -223,7 +223,7 @@ def test_real_pynvml_without_a_driver_is_a_no_driver_sample_not_an_exception():
 def test_pynvml_is_imported_on_the_first_read_not_at_import_or_construction():
     code = (
         "import sys\n"
-        "from jupyter_gpu.metrics.backends import select_backend\n"
+        "from jupyter_gpu.metrics.backends.select import select_backend\n"
         "import jupyter_gpu.metrics.sampler\n"
         "backend = select_backend('nvml')\n"
         "assert 'pynvml' not in sys.modules, 'imported too early'\n"

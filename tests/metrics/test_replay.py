@@ -10,16 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from jupyter_gpu.metrics.backends import BACKEND_ENV, BackendSpecError, ReplayBackend, SimulatedBackend, select_backend
-from jupyter_gpu.metrics.recording import (
-    FORMAT,
-    VERSION,
-    NoDriverError,
-    RecordingError,
-    load_recording,
-    record,
-    write_recording,
-)
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV, BackendSpecError
+from jupyter_gpu.metrics.backends.replay import ReplayBackend
+from jupyter_gpu.metrics.backends.select import select_backend
+from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
+from jupyter_gpu.metrics.recorder import NoDriverError, record
+from jupyter_gpu.metrics.recording import FORMAT, VERSION, RecordingError, load_recording, write_recording
 from jupyter_gpu.metrics.sample import DeviceSample, Sample
 from jupyter_gpu.metrics.sampler import THREAD_NAME, Sampler
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from threads import sampler_threads, wait_for
 
-from jupyter_gpu.metrics.backends import SimulatedBackend
+from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
 from jupyter_gpu.metrics.sample import Sample
 from jupyter_gpu.metrics.sampler import THREAD_NAME, Sampler
 

@@ -12,7 +12,7 @@ import ipywidgets
 import pytest
 from threads import sampler_threads, wait_for
 
-from jupyter_gpu.metrics.backends import SimulatedBackend
+from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
 from jupyter_gpu.metrics.hub import SamplerHub, close_shared_hubs
 from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, Sample
 from jupyter_gpu.metrics.sampler import THREAD_NAME

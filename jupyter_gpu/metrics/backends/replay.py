@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.recording import Recording, RecordingError, load_recording
 from jupyter_gpu.metrics.sample import Sample
 
@@ -29,8 +30,6 @@ class ReplayBackend:
     simulated = True
 
     def __init__(self, path: str | os.PathLike[str], clock: Callable[[], float] = time.monotonic) -> None:
-        from jupyter_gpu.metrics.backends import BackendSpecError  # deferred: that package imports this module
-
         try:
             self.recording: Recording = load_recording(path)
         except RecordingError as exc:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jupyter_gpu.metrics.backends import NvmlBackend
+from jupyter_gpu.metrics.backends.nvml import NvmlBackend
 from jupyter_gpu.metrics.hub import SamplerHub
 
 pytestmark = pytest.mark.gpu
