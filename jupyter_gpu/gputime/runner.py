@@ -14,12 +14,12 @@ from jupyter_gpu.gputime.advice import timing_findings
 from jupyter_gpu.gputime.availability import gpu_availability
 from jupyter_gpu.gputime.busy import BusyWatch
 from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock, cuda_initialized
+from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX, CompiledCell
 from jupyter_gpu.gputime.opcount import OpCounter, counting_overhead_per_op
 from jupyter_gpu.gputime.ops import is_accelerator
 from jupyter_gpu.gputime.result import GpuTimeResult, OpCounts
 from jupyter_gpu.gputime.stats import summarize
 from jupyter_gpu.kernel_torch import nvml_uuid
-from jupyter_gpu.magics.cell import LOOP_COUNT, LOOP_INDEX, CompiledCell
 from jupyter_gpu.metrics.hub import Lease
 from jupyter_gpu.units import format_seconds
 

@@ -1,30 +1,15 @@
-"""Compile a cell once into the code objects `%%gputime` runs, with tracebacks that show the cell's lines."""
+"""Compile a cell once into the code objects `%%gputime` runs, with tracebacks that show the cell's lines.
+
+IPython glue (input and AST transformers, the line cache); what it makes is `gputime.compiled.CompiledCell`.
+"""
 
 from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import CodeType
 from typing import Any
 
-# Names the loop uses in the user's namespace while it runs (LOOP_COUNT holds a range); removed afterwards.
-LOOP_COUNT = "__jupyter_gpu_loops__"
-LOOP_INDEX = "__jupyter_gpu_index__"
-
-
-@dataclass(frozen=True)
-class CompiledCell:
-    body: CodeType                 # every statement but a final expression, run once
-    last_expression: CodeType | None  # the final expression, evaluated for its value (like %%time)
-    loop: CodeType                 # the whole cell inside `for LOOP_INDEX in LOOP_COUNT:`, at module level
-    filename: str
-
-    def code_objects(self) -> set[CodeType]:
-        found = {self.body, self.loop}
-        if self.last_expression is not None:
-            found.add(self.last_expression)
-        return found
+from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX, CompiledCell
 
 
 def compile_cell(shell: Any, source: str, header: str | None = None) -> CompiledCell:

@@ -8,14 +8,25 @@ with their memory (and how many there are) only: no pid, no name, no command lin
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.metrics.sample import Sample
 from jupyter_gpu.server.kernels import KernelInfo
-from jupyter_gpu.server.processes import ProcessLookup
 from jupyter_gpu.units import format_bytes, format_duration
+
+
+# What the probe layer (`server.processes`) tells about a pid; attribution only reads it.
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    ppid: int | None
+    uid: int | None  # real uid
+    name: str | None
+
+
+ProcessLookup = Callable[[int], "ProcessInfo | None"]
 
 MAX_ANCESTRY = 64  # a parent chain longer than this is a loop in a hand-made /proc, not a real process tree
 OTHER_PROCESS = "other process"

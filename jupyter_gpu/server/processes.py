@@ -8,23 +8,12 @@ describe at all.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from jupyter_gpu.server.attribution import ProcessInfo, ProcessLookup
 
 PROC_ROOT = Path("/proc")
 MAX_NAME = 64  # a program name longer than this is cut, so a crafted argv[0] cannot flood the panel
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    pid: int
-    ppid: int | None
-    uid: int | None  # real uid
-    name: str | None
-
-
-ProcessLookup = Callable[[int], "ProcessInfo | None"]
 
 
 def read_process(pid: int, proc_root: Path = PROC_ROOT) -> ProcessInfo | None:

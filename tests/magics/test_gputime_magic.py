@@ -10,7 +10,7 @@ import torch
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from jupyter_gpu.magics.cell import LOOP_COUNT, LOOP_INDEX
+from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX
 from jupyter_gpu.metrics.sampler import THREAD_NAME
 
 # Sleeps overshoot on a loaded CI machine, never undershoot: the upper tolerance is generous.

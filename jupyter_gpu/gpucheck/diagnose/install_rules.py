@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
+import posixpath
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
-from jupyter_gpu.gpucheck.facts.kernel import prefix_of_interpreter
+from jupyter_gpu.gpucheck.paths import PATH_SEPARATOR, prefix_of_interpreter
 from jupyter_gpu.models import LAYER_BUILD, LAYER_KERNEL, Finding
 
 REFS_KERNEL = ["jupyter/notebook#4629", "jupyter/jupyter#270"]
@@ -29,15 +29,15 @@ def kernel_probe_failed(view: FactsView) -> list[Finding]:
 
 def other_environments_with_torch(view: FactsView) -> list[dict[str, Any]]:
     """Environments the user may think they use (active venv/conda, python on PATH, kernelspecs)."""
-    own_prefix = os.path.normpath(view.python.get("prefix") or "")
+    own_prefix = posixpath.normpath(view.python.get("prefix") or "")
     found = []
     for label, other in (view.kernel.get("other_environments") or {}).items():
-        if os.path.normpath(other["prefix"]) != own_prefix and other.get("torch"):
+        if posixpath.normpath(other["prefix"]) != own_prefix and other.get("torch"):
             found.append({"where": label, "prefix": other["prefix"], "torch": other["torch"]})
     for spec in view.kernel.get("kernelspecs") or []:
         python = spec.get("python") or ""
         spec_prefix = prefix_of_interpreter(python)
-        if spec.get("torch") and os.path.normpath(spec_prefix) != own_prefix:
+        if spec.get("torch") and posixpath.normpath(spec_prefix) != own_prefix:
             found.append({"where": f"kernel '{spec['name']}'", "prefix": spec_prefix,
                           "torch": spec["torch"], "kernelspec": spec["name"],
                           "display_name": spec.get("display_name")})
@@ -45,16 +45,16 @@ def other_environments_with_torch(view: FactsView) -> list[dict[str, Any]]:
 
 
 def env_mismatch_signals(view: FactsView) -> dict[str, str]:
-    prefix = os.path.normpath(view.python.get("prefix") or "")
+    prefix = posixpath.normpath(view.python.get("prefix") or "")
     signals = {}
     venv = view.kernel.get("virtual_env")
-    if venv and os.path.normpath(venv) != prefix:
+    if venv and posixpath.normpath(venv) != prefix:
         signals["VIRTUAL_ENV"] = venv
     conda = view.kernel.get("conda_prefix")
-    if conda and os.path.normpath(conda) not in (prefix, os.path.normpath(view.python.get("base_prefix") or "")):
+    if conda and posixpath.normpath(conda) not in (prefix, posixpath.normpath(view.python.get("base_prefix") or "")):
         signals["CONDA_PREFIX"] = conda
     which_python = view.kernel.get("which_python")
-    if which_python and os.path.normpath(prefix_of_interpreter(which_python)) != prefix:
+    if which_python and posixpath.normpath(prefix_of_interpreter(which_python)) != prefix:
         signals["python on PATH"] = which_python
     return signals
 
@@ -75,7 +75,7 @@ def torch_missing_or_env_mismatch(view: FactsView) -> list[Finding]:
             fix.append(f"Kernel → Change Kernel → \"{best.get('display_name') or best['kernelspec']}\" "
                        f"(that environment has torch {best['torch']['version']})")
         else:
-            name = os.path.basename(best["prefix"].rstrip("/")) or "env"
+            name = posixpath.basename(best["prefix"].rstrip("/")) or "env"
             fix.append(f"{env_python} -m pip install ipykernel && {env_python} -m ipykernel install --user "
                        f"--name {name} --display-name \"Python ({name})\"  # then Kernel → Change Kernel")
         fix.append("Or install into this kernel itself with %pip (never !pip, which may target another env):")
@@ -116,10 +116,10 @@ def shadowed_install(view: FactsView) -> list[Finding]:
     locations = [d["location"] for d in dists]
     # A `torch/` folder in the working directory or on PYTHONPATH, with no install behind it, wins over the
     # real package (source checkouts installed in develop mode are not flagged: they have a dist elsewhere).
-    stray_roots = [view.python.get("cwd") or "", *view.env.get("PYTHONPATH", "").split(os.pathsep)]
-    package_parent = os.path.dirname(os.path.dirname(origin))
-    outside = not any(origin.startswith(os.path.join(loc, "")) for loc in locations) and any(
-        root and os.path.normpath(root) == os.path.normpath(package_parent) for root in stray_roots)
+    stray_roots = [view.python.get("cwd") or "", *view.env.get("PYTHONPATH", "").split(PATH_SEPARATOR)]
+    package_parent = posixpath.dirname(posixpath.dirname(origin))
+    outside = not any(origin.startswith(posixpath.join(loc, "")) for loc in locations) and any(
+        root and posixpath.normpath(root) == posixpath.normpath(package_parent) for root in stray_roots)
     if len(dists) <= 1 and not outside:
         return []
     user_site = view.python.get("user_site") or ""
@@ -129,7 +129,7 @@ def shadowed_install(view: FactsView) -> list[Finding]:
                    "to remove the ~/.local copy")
         fix.append('Or add "env": {"PYTHONNOUSERSITE": "1"} to the kernelspec so the user site is ignored.')
     if outside:
-        fix.append(f"Rename or remove {os.path.dirname(origin)}: it is imported instead of the installed torch.")
+        fix.append(f"Rename or remove {posixpath.dirname(origin)}: it is imported instead of the installed torch.")
     if not fix:
         fix.append(f"Remove the extra copies so one torch remains: {view.kernel_python} -m pip uninstall torch")
     return [Finding(
@@ -148,7 +148,7 @@ def stale_import(view: FactsView) -> list[Finding]:
     origin = view.install.get("spec_origin")
     version_changed = bool(on_disk and imported.get("version") and imported["version"] != on_disk)
     file_changed = bool(origin and imported.get("file") and
-                        os.path.normpath(imported["file"]) != os.path.normpath(origin))
+                        posixpath.normpath(imported["file"]) != posixpath.normpath(origin))
     if not (version_changed or file_changed):
         return []
     return [Finding(

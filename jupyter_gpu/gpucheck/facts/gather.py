@@ -8,12 +8,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from jupyter_gpu import __version__
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.facts.inkernel import gather_in_kernel
 from jupyter_gpu.gpucheck.facts.kernel import gather_kernel
 from jupyter_gpu.gpucheck.facts.probe import BASE_SECTIONS, run_probe
 from jupyter_gpu.gpucheck.facts.system import gather_system
+from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"
 SCHEMA_VERSION = 1

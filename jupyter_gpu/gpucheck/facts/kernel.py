@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.gpucheck.paths import prefix_of_interpreter
 
 CUDA_REQUIREMENT = re.compile(r"^Requires-Dist:\s*nvidia-[a-z0-9-]+-cu(\d+)\b", re.I | re.M)
 TORCH_DIST_INFO = re.compile(r"^torch-([^-]+)\.dist-info$")
@@ -45,11 +46,6 @@ def which(ctx: ProbeContext, program: str) -> str | None:
         if os.path.isfile(mapped) and os.access(mapped, os.X_OK):
             return candidate
     return None
-
-
-def prefix_of_interpreter(path: str) -> str:
-    """/x/env/bin/python -> /x/env (the layout of venvs, conda envs and system Pythons alike)."""
-    return os.path.dirname(os.path.dirname(path))
 
 
 def kernelspec_dirs(ctx: ProbeContext, kernel_prefix: str) -> list[str]:

@@ -1,0 +1,187 @@
+"""The rings hold: no import cycles inside the package, pure modules stay pure, the probe layer imports no surface.
+
+The import graph is built from the code (every `import` statement, those inside functions and `if TYPE_CHECKING:`
+blocks included), not from what one run happens to import, so a deferred import cannot hide a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu"
+
+# Ring 1: pure Python. They may import each other and the standard library, nothing from the outside world.
+PURE = [
+    "jupyter_gpu", "jupyter_gpu.version", "jupyter_gpu.models", "jupyter_gpu.units", "jupyter_gpu.render_kit",
+    "jupyter_gpu.oom_markers",
+    "jupyter_gpu.gpucheck.report", "jupyter_gpu.gpucheck.render", "jupyter_gpu.gpucheck.request",
+    "jupyter_gpu.gpucheck.diagnose.engine", "jupyter_gpu.gpucheck.diagnose.device_rules",
+    "jupyter_gpu.gpucheck.diagnose.host_rules", "jupyter_gpu.gpucheck.diagnose.install_rules",
+    "jupyter_gpu.gpucheck.diagnose.usage", "jupyter_gpu.gpucheck.diagnose.view",
+    "jupyter_gpu.gpucheck.diagnose.visibility", "jupyter_gpu.gpucheck.diagnose.wheels",
+    "jupyter_gpu.gpucheck.diagnose.fixes",
+    "jupyter_gpu.gputime.stats", "jupyter_gpu.gputime.ops", "jupyter_gpu.gputime.result",
+    "jupyter_gpu.gputime.advice", "jupyter_gpu.gputime.render", "jupyter_gpu.gputime.compare",
+    "jupyter_gpu.batchprobe.search", "jupyter_gpu.batchprobe.oom", "jupyter_gpu.batchprobe.result",
+    "jupyter_gpu.batchprobe.render",
+    "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
+    "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
+    "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
+    "jupyter_gpu.server.attribution", "jupyter_gpu.server.prometheus", "jupyter_gpu.server.kernels",
+]
+OUTSIDE_WORLD = ["torch", "pynvml", "IPython", "ipywidgets", "tornado", "jupyter_server", "matplotlib", "numpy"]
+
+# Ring 2, the probe layer: the only code that touches torch, NVML, /proc and subprocesses. It serves surfaces
+# and must never reach up into one.
+PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nvml",
+                  "jupyter_gpu.metrics.backends.simulated", "jupyter_gpu.metrics.backends.replay",
+                  "jupyter_gpu.metrics.backends.claims", "jupyter_gpu.metrics.backends.select",
+                  "jupyter_gpu.metrics.hub", "jupyter_gpu.server.processes", "jupyter_gpu.kernel_torch",
+                  "jupyter_gpu.gputime.clock", "jupyter_gpu.gputime.opcount", "jupyter_gpu.gputime.availability",
+                  "jupyter_gpu.gputime.busy", "jupyter_gpu.gputime.runner", "jupyter_gpu.batchprobe.budget",
+                  "jupyter_gpu.batchprobe.state", "jupyter_gpu.batchprobe.release",
+                  "jupyter_gpu.batchprobe.estimate", "jupyter_gpu.batchprobe.runner", "jupyter_gpu.gpucheck.run"]
+SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
+                    "jupyter_gpu.server.handlers", "jupyter_gpu.cli"]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if "labextension" not in p.parts}
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """The package's modules that `name` imports anywhere in its code."""
+    known = modules()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in known and t != name)
+    return found
+
+
+@cache
+def graph() -> dict[str, frozenset[str]]:
+    return {name: frozenset(imported(name, path)) for name, path in modules().items()}
+
+
+def cycles(edges: dict[str, frozenset[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def within(name: str, prefixes: list[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def reachable(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph()[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_graph_is_built_from_the_code() -> None:
+    # Guards the test itself: deferred and TYPE_CHECKING imports are seen, and `from pkg import mod` names mod.
+    assert "jupyter_gpu.magics.gpucheck" in graph()["jupyter_gpu.magics"]  # inside magic_classes()
+    assert "jupyter_gpu.gpucheck.gate" in graph()["jupyter_gpu"]  # `from jupyter_gpu.gpucheck import gate`
+    assert cycles({"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a"}), "d": frozenset()}) == [
+        ["a", "b", "c"]]
+
+
+def test_there_is_no_import_cycle_in_the_package() -> None:
+    assert cycles(graph()) == []
+
+
+def test_the_pure_modules_exist() -> None:
+    assert sorted(set(PURE) - set(modules())) == []
+
+
+def test_pure_modules_import_nothing_of_the_outside_world_in_a_fresh_interpreter() -> None:
+    script = (f"import importlib, json, sys\n"
+              f"for name in {PURE!r}: importlib.import_module(name)\n"
+              f"print(json.dumps(sorted(m for m in {OUTSIDE_WORLD!r} if m in sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == []
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_a_pure_module_reaches_no_probe_or_surface_module(name: str) -> None:
+    if name == "jupyter_gpu":
+        pytest.skip("the package's lazy API names every feature by design")
+    upward = sorted(m for m in reachable(name) if within(m, PROBE_PREFIXES + SURFACE_PREFIXES))
+    assert upward == []
+
+
+def test_the_probe_layer_imports_no_surface() -> None:
+    probes = [m for m in modules() if within(m, PROBE_PREFIXES)]
+    assert len(probes) > 10
+    upward = {m: sorted(t for t in reachable(m) if within(t, SURFACE_PREFIXES)) for m in probes}
+    assert {m: s for m, s in upward.items() if s} == {}
