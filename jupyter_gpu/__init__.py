@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from jupyter_gpu.version import __version__
+
 __all__ = ["BatchProbeResult", "Comparison", "GpuCheckReport", "GpuTimeResult", "GpuUnavailableError", "__version__",
            "compare", "probe_batch_size", "require_gpu"]
 
@@ -42,14 +43,11 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": "labextension", "dest": "jupyter-gpu"}]
 
 
-def _jupyter_server_extension_points() -> list[dict[str, str]]:
-    return [{"module": "jupyter_gpu"}]
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    # An app, not only a module: jupyter_server gives shutdown hooks to extension apps alone.
+    from jupyter_gpu.server.extension import GpuPanelExtension
 
-
-def _load_jupyter_server_extension(server_app: Any) -> None:
-    from jupyter_gpu.server.extension import load_server_extension
-
-    load_server_extension(server_app)
+    return [{"module": "jupyter_gpu", "app": GpuPanelExtension}]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,22 +1,48 @@
-"""The jupyter_server extension behind the JupyterLab side panel (enabled on install)."""
+"""The wiring of the jupyter_server extension behind the JupyterLab side panel (enabled on install).
+
+`GpuPanelExtension` is registered as the extension's app so that jupyter_server calls its `stop_extension`
+at shutdown: module-level extensions get no shutdown hook, and without one the kernel-list callback and the
+sampler thread (with NVML initialised) would outlive the server they serve.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass
 from typing import Any
 
+from jupyter_server.extension.application import ExtensionApp
+from tornado.ioloop import PeriodicCallback
+
+from jupyter_gpu.metrics.backends.base import BACKEND_ENV
 from jupyter_gpu.metrics.hub import hub_for_spec
+from jupyter_gpu.metrics.sampler import THREAD_NAME
 from jupyter_gpu.server.config import JupyterGpu
 from jupyter_gpu.server.handlers import setup_handlers
 from jupyter_gpu.server.kernels import BusyTracker, snapshot_kernels
 from jupyter_gpu.server.monitor import GpuMonitor
 
+# How long shutdown waits for a sampler still starting (a first nvmlInit can be slow) before closing it anyway.
+_START_JOIN_S = 5.0
 
-def load_server_extension(server_app: Any) -> GpuMonitor:
-    from tornado.ioloop import PeriodicCallback
 
-    from jupyter_gpu.metrics.backends import BACKEND_ENV
+@dataclass
+class RunningExtension:
+    """What one server's extension started, so `stop()` can end all of it."""
 
+    monitor: GpuMonitor
+    refresh: PeriodicCallback
+    starting: threading.Thread
+
+    def stop(self) -> None:
+        """Stop the kernel-list callback, then the monitor's lease: the last one stops the thread and NVML."""
+        self.refresh.stop()
+        self.starting.join(_START_JOIN_S)
+        self.monitor.close()
+
+
+def load_server_extension(server_app: Any) -> RunningExtension:
     config = JupyterGpu(parent=server_app)
     spec = os.environ.get(BACKEND_ENV, "").strip()
     # The server's own hub, not the kernel-side shared one: its history length is the server's setting.
@@ -32,8 +58,27 @@ def load_server_extension(server_app: Any) -> GpuMonitor:
         except Exception:  # never let a kernel-manager quirk stop the refresh loop
             server_app.log.exception("jupyter-gpu could not list the running kernels.")
 
-    PeriodicCallback(refresh_kernels, config.interval * 1000).start()
-    monitor.start_in_background()
+    refresh = PeriodicCallback(refresh_kernels, config.interval * 1000)
+    refresh.start()
+    running = RunningExtension(monitor, refresh, monitor.start_in_background())
     server_app.log.info("jupyter-gpu: GPU panel API at %sjupyter-gpu/api/metrics (backend %s)",
                         server_app.web_app.settings["base_url"], spec or "nvml")
-    return monitor
+    return running
+
+
+class GpuPanelExtension(ExtensionApp):
+    """The `jupyter_gpu` server extension: adds the side panel's routes on load, stops its sampler at shutdown."""
+
+    name = "jupyter_gpu"
+    running: RunningExtension | None = None
+
+    def initialize_handlers(self) -> None:
+        self.running = load_server_extension(self.serverapp)
+
+    async def stop_extension(self) -> None:
+        if self.running is None:
+            return
+        self.running.stop()
+        self.running = None
+        left = sum(t.name == THREAD_NAME for t in threading.enumerate())
+        self.log.info("jupyter-gpu: stopped the GPU sampler and the kernel refresh (%d sampler threads left)", left)
