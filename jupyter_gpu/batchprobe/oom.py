@@ -20,10 +20,10 @@ another exception.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
 from jupyter_gpu.units import format_bytes
 
 # Our own memory budget (for CPU, MPS or XPU runs that pretend to be a smaller GPU) raises
@@ -56,8 +56,8 @@ class _Rule:
     marker: str
 
 
-# Checked in order against the message of a RuntimeError (or subclass); the first marker found wins, so the
-# specific allocator messages come before the generic " out of memory" fallback below.
+# Checked in order against the message of a RuntimeError (or subclass), before the shared out-of-memory table
+# (`jupyter_gpu.oom_markers`) and the generic " out of memory" fallback below.
 _STICKY_RULES = (
     _Rule(FailureKind.STICKY, "illegal memory access", "an illegal memory access was encountered"),
     _Rule(FailureKind.STICKY, "device-side assert", "device-side assert triggered"),
@@ -73,24 +73,6 @@ _STICKY_RULES = (
     _Rule(FailureKind.STICKY, "CUDA unknown error", "CUDA error: unknown error"),
 )
 
-_OOM_RULES = (
-    _Rule(FailureKind.OUT_OF_MEMORY, "CUDA caching allocator", "CUDA out of memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "CUDA runtime", "CUDA error: out of memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "ROCm (HIP) allocator", "HIP out of memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "ROCm (HIP) runtime", "HIP error: out of memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "MPS allocator", "MPS backend out of memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "XPU allocator", "XPU out of memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "CPU allocator", "DefaultCPUAllocator: can't allocate memory"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "HPU", "PT_DEVMEM Allocation failed"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "cuBLAS", "CUBLAS_STATUS_ALLOC_FAILED"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "cuDNN", "CUDNN_STATUS_ALLOC_FAILED"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "cuFFT", "CUFFT_ALLOC_FAILED"),
-    # These two usually mean the library could not allocate its workspace or handle, but they have other causes
-    # (a non-contiguous input for cuDNN, pytorch#4107); the flavour says so rather than claiming memory outright.
-    _Rule(FailureKind.OUT_OF_MEMORY, "cuBLAS (probably out of memory)", "CUBLAS_STATUS_NOT_INITIALIZED"),
-    _Rule(FailureKind.OUT_OF_MEMORY, "cuDNN (probably out of memory)", "CUDNN_STATUS_NOT_SUPPORTED"),
-)
-
 _SIZE_LIMIT_RULES = (
     _Rule(FailureKind.SIZE_LIMIT, "INT_MAX element limit", "INT_MAX"),
     _Rule(FailureKind.SIZE_LIMIT, "32-bit index limit", "canUse32BitIndexMath"),
@@ -100,10 +82,6 @@ _SIZE_LIMIT_RULES = (
     # Triton's OutOfResources text, also seen wrapped by Inductor in a RuntimeError subclass.
     _Rule(FailureKind.SIZE_LIMIT, "Triton resource limit", "out of resource:"),
 )
-
-# "NPU out of memory", "MLU out of memory", ...: other accelerators' allocators word it like CUDA's.
-_DEVICE_OOM = re.compile(r"\b([A-Z][A-Z0-9]+) out of memory")
-
 
 def budget_message(device: str, requested: int, held: int, budget: int) -> str:
     """The message of the `torch.OutOfMemoryError` our memory budget raises; `classify` calls it "memory budget".
@@ -187,15 +165,13 @@ def _classify_one(exception: BaseException, chained: bool) -> Failure | None:
             return _failure(rule.kind, rule.flavour, exception, chained)
     if BUDGET_MARKER in text:
         return _failure(FailureKind.OUT_OF_MEMORY, "memory budget", exception, chained)
-    for rule in _OOM_RULES:
-        if rule.marker in text:
-            return _failure(rule.kind, rule.flavour, exception, chained)
+    if (marker := find_oom_marker(text)) is not None:
+        return _failure(FailureKind.OUT_OF_MEMORY, marker.flavour, exception, chained)
     for rule in _SIZE_LIMIT_RULES:
         if rule.marker in text:
             return _failure(rule.kind, rule.flavour, exception, chained)
-    device = _DEVICE_OOM.search(text)
-    if device is not None:
-        return _failure(FailureKind.OUT_OF_MEMORY, f"{device.group(1)} allocator", exception, chained)
+    if (device := device_out_of_memory(text)) is not None:
+        return _failure(FailureKind.OUT_OF_MEMORY, f"{device} allocator", exception, chained)
     if _is_torch_out_of_memory(exception):
         # torch said OutOfMemoryError in a wording this table does not know yet: trust the class.
         return _failure(FailureKind.OUT_OF_MEMORY, "PyTorch allocator", exception, chained)
@@ -209,7 +185,7 @@ def _is_torch_out_of_memory(exception: BaseException) -> bool:
     # torch.OutOfMemoryError is torch.cuda.OutOfMemoryError is torch._C.OutOfMemoryError; its __module__ is
     # "torch". Matching the name within torch's modules avoids importing torch just to use isinstance.
     return any(
-        cls.__name__ == "OutOfMemoryError" and (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
+        cls.__name__ == TORCH_OOM_TYPE and (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
         for cls in type(exception).__mro__
     )
 

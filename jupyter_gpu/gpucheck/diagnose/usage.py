@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from jupyter_gpu.models import LAYER_LAST_ERROR, LAYER_USAGE, Finding
+from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
 
 MODEL_MIN_PARAMS = 10_000
 SHM_MIN_BYTES = 512 * 1024 * 1024
@@ -276,12 +277,6 @@ _MISMATCH = [
     ),
     re.compile(r"Tensor on device (?P<a>\S+) is not on the expected device (?P<b>\S+?)!"),
 ]
-_OOM = [  # (memory, needle), the more specific first
-    ("rocm", "HIP out of memory"), ("xpu", "XPU out of memory"), ("mps", "MPS backend out of memory"),
-    ("cpu", "DefaultCPUAllocator: can't allocate memory"), ("cuda", "CUDA out of memory"),
-    ("cuda", "CUDA error: out of memory"), ("cuda", "CUBLAS_STATUS_ALLOC_FAILED"),
-    ("cuda", "OutOfMemoryError"),  # the type name, when the message itself says less
-]  # fmt: skip
 _CUDA_INIT = [
     "Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available",
     "CUDA unknown error", "too old (found version", "no kernel image is available",
@@ -319,8 +314,8 @@ def last_error_findings(notebook: dict, *, gpu_usable: bool) -> list[Finding]:
     for pattern in _MISMATCH:
         if match := pattern.search(text):
             return [_device_mismatch(notebook, match, evidence)]
-    if oom := next(((kind, needle) for kind, needle in _OOM if needle in text), None):
-        return [_oom(oom[0], text, evidence)]
+    if memory := _out_of_memory(text):
+        return [_oom(memory, text, evidence)]
     if hit := next((needle for needle in _CUDA_INIT if needle in text), None):
         headline = (
             f"The last cell failed because PyTorch could not initialise the GPU ('{hit}'); "
@@ -371,6 +366,15 @@ def _device_mismatch(notebook: dict, match: re.Match, evidence: dict) -> Finding
     headline = f"The last cell mixed tensors on {devices[0]} and {devices[1]} in one operation"
     headline += f" (in this notebook {named})." if named else "."
     return _last("DEVICE_MISMATCH_ERROR", headline, evidence, fix)
+
+
+def _out_of_memory(text: str) -> str | None:
+    """Whose memory the last error says ran out, by the table `%batchprobe` classifies with; None if not memory."""
+    if (marker := find_oom_marker(text, probable=False)) is not None:
+        return marker.memory
+    if (device := device_out_of_memory(text)) is not None:
+        return device.lower()
+    return "cuda" if TORCH_OOM_TYPE in text else None  # the type name, when the message itself says less
 
 
 def _oom(kind: str, text: str, evidence: dict) -> Finding:
