@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from jupyter_gpu.metrics.sample import DeviceSample, Sample
+from jupyter_gpu.metrics.sample import POWER_THROTTLES, THERMAL_THROTTLES, DeviceSample, Sample
 from jupyter_gpu.units import format_bytes, format_seconds
 
 MEMORY_FULL_FRACTION = 0.90
@@ -19,8 +19,6 @@ IDLE_AFTER_S = 5.0  # a cell must have run this long before low utilisation mean
 IDLE_MIN_SAMPLES = 3
 OTHER_PROCESS_FRACTION = 0.5  # "most of the memory"
 
-THERMAL_THROTTLES = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
-POWER_THROTTLES = frozenset({"sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown"})
 
 
 @dataclass(frozen=True)

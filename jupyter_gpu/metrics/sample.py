@@ -28,10 +28,11 @@ THROTTLE_REASON_BITS: dict[int, str] = {
     0x400: "reliability",
 }
 
-# The reasons that cost the user speed. gpu_idle, app clocks, sync boost and display clocks are normal states.
-PERFORMANCE_THROTTLES: frozenset[str] = frozenset(
-    {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
-)
+# The reasons that cost the user speed, by cause (the alerts name the cause). gpu_idle, app clocks, sync boost
+# and display clocks are normal states.
+THERMAL_THROTTLES: frozenset[str] = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+POWER_THROTTLES: frozenset[str] = frozenset({"sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown"})
+PERFORMANCE_THROTTLES: frozenset[str] = THERMAL_THROTTLES | POWER_THROTTLES
 
 
 def throttle_reason_names(mask: int) -> tuple[str, ...]:
