@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 
 from jupyter_gpu.batchprobe.result import RECOMMEND, VERIFY, BatchProbeResult, Trial
-from jupyter_gpu.gpucheck.render import COLOUR, rows_html, rows_text
+from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text
 from jupyter_gpu.units import format_bytes, format_seconds
 
 BAR_WIDTH = 12

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from html import escape
 
-from jupyter_gpu.gpucheck.render import (
+from jupyter_gpu.gputime.result import GpuTimeResult
+from jupyter_gpu.render_kit import (
     COLOUR,
     SIMULATED_HTML,
     SIMULATED_TEXT,
@@ -13,7 +14,6 @@ from jupyter_gpu.gpucheck.render import (
     rows_html,
     rows_text,
 )
-from jupyter_gpu.gputime.result import GpuTimeResult
 from jupyter_gpu.units import format_bytes, format_count, format_seconds
 
 

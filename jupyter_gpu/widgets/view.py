@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from jupyter_gpu.gpucheck.render import COLOUR
 from jupyter_gpu.metrics.alerts import Alert, KernelView, kernel_memory
 from jupyter_gpu.metrics.sample import DeviceSample
+from jupyter_gpu.render_kit import COLOUR
 from jupyter_gpu.units import format_bytes
 
 SPARK_WIDTH = 160
