@@ -1,4 +1,4 @@
-"""Plain data shared by every surface: findings and the `%gpucheck` report.
+"""Plain data shared by every result: findings, their severities and layers, and the `RichResult` base.
 
 Pure Python: no torch, NVML or IPython imports, so the CLI, the magics and later the server can all
 build, serialise and render the same objects.
@@ -100,19 +100,3 @@ def overall_status(findings: list[Finding]) -> Status:
     if "warn" in severities:
         return "warn"
     return "ok"
-
-
-@dataclass(frozen=True)
-class Device:
-    """A device PyTorch can use in this kernel, as shown in the verdict line."""
-
-    index: int
-    name: str
-    kind: str = "cuda"  # "cuda" (also ROCm, which PyTorch exposes as cuda) or "mps"
-
-    @property
-    def label(self) -> str:
-        return f"{self.kind}:{self.index}" if self.kind == "cuda" else self.kind
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

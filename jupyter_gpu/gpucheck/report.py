@@ -6,12 +6,55 @@ Follows IPython's `TimeitResult`: plain data, `__str__` for terminals, `_repr_ht
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from jupyter_gpu.models import Device, Finding, RichResult, Status, primary_finding
+from jupyter_gpu.models import Finding, RichResult, Status, primary_finding
 
 REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device PyTorch can use in this kernel, as shown in the verdict line."""
+
+    index: int
+    name: str
+    kind: str = "cuda"  # "cuda" (also ROCm, which PyTorch exposes as cuda) or "mps"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.index}" if self.kind == "cuda" else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CheckBrief:
+    """The verdict, the primary finding's headline and its fix: what a panel shows in place of a GPU.
+
+    One wording for every panel (the notebook's, the server's JSON, hence the TypeScript side panel): the
+    headline is None when the verdict already says it, so no surface decides that on its own.
+    """
+
+    status: Status
+    verdict: str
+    headline: str | None
+    fix: list[str]
+    code: str | None
+
+    @classmethod
+    def could_not_run(cls, error: BaseException) -> CheckBrief:
+        return cls("fail", f"%gpucheck could not run: {error}", None, [], None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _says(verdict: str, headline: str) -> bool:
+    # "... on the CPU: the driver is too old." already says "The driver is too old" (case and final dot aside).
+    return headline.lower().rstrip(". \t\n") in verdict.lower()
 
 
 @dataclass(frozen=True, repr=False)  # RichResult's repr: a summary line, not every field
@@ -30,6 +73,14 @@ class GpuCheckReport(RichResult):
     def primary(self) -> Finding | None:
         """The finding that explains the verdict: the first fail, else the first warn."""
         return primary_finding(self.findings)
+
+    def brief(self) -> CheckBrief:
+        """The verdict, the primary finding's headline (None when the verdict says it) and its fix."""
+        primary = self.primary
+        if primary is None:
+            return CheckBrief(self.status, self.verdict, None, [], None)
+        headline = None if _says(self.verdict, primary.headline) else primary.headline
+        return CheckBrief(self.status, self.verdict, headline, list(primary.fix), primary.code)
 
     @property
     def codes(self) -> list[str]:

@@ -210,17 +210,10 @@ class GpuMonitor:
 
 
 def _default_check() -> dict[str, Any]:
+    from jupyter_gpu.gpucheck.report import CheckBrief
     from jupyter_gpu.gpucheck.run import check_this_environment
 
     try:
-        report = check_this_environment()
+        return check_this_environment().brief().to_dict()
     except (OSError, ValueError) as exc:
-        return {"status": "fail", "verdict": f"%gpucheck could not run: {exc}", "headline": None, "fix": []}
-    primary = report.primary
-    return {
-        "status": report.status,
-        "verdict": report.verdict,
-        "headline": primary.headline if primary is not None else None,
-        "fix": list(primary.fix) if primary is not None and primary.fix else [],
-        "code": primary.code if primary is not None else None,
-    }
+        return CheckBrief.could_not_run(exc).to_dict()

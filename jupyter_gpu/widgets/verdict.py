@@ -5,7 +5,8 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from jupyter_gpu.gpucheck.render import COLOUR
+from jupyter_gpu.gpucheck.report import CheckBrief
+from jupyter_gpu.render_kit import COLOUR
 
 
 def gpucheck_verdict_html(cache: Any | None = None) -> str:
@@ -15,16 +16,15 @@ def gpucheck_verdict_html(cache: Any | None = None) -> str:
     from jupyter_gpu.gpucheck.run import check_this_environment
 
     try:
-        report = check_this_environment(cache)
+        brief = check_this_environment(cache).brief()
     except (OSError, ValueError) as exc:
-        return f"<div>%gpucheck could not run: {escape(str(exc))}</div>"
-    parts = [f'<div style="font-weight:600;color:{COLOUR[report.status]}">%gpucheck: {escape(report.verdict)}</div>']
-    primary = report.primary
-    if primary is not None:
-        if primary.headline not in report.verdict:
-            parts.append(f"<div>{escape(primary.headline)}</div>")
-        if primary.fix:
-            fix = "\n".join(primary.fix)
-            parts.append(f'<div>Fix:</div><pre style="margin:.2em 0">{escape(fix)}</pre>')
+        brief = CheckBrief.could_not_run(exc)
+    verdict = brief.verdict if brief.verdict.startswith("%gpucheck") else f"%gpucheck: {brief.verdict}"
+    parts = [f'<div style="font-weight:600;color:{COLOUR[brief.status]}">{escape(verdict)}</div>']
+    if brief.headline is not None:
+        parts.append(f"<div>{escape(brief.headline)}</div>")
+    if brief.fix:
+        fix = "\n".join(brief.fix)
+        parts.append(f'<div>Fix:</div><pre style="margin:.2em 0">{escape(fix)}</pre>')
     parts.append('<div style="opacity:.75">Run %gpucheck for the evidence and every finding.</div>')
     return "".join(parts)

@@ -115,9 +115,11 @@ export interface Metrics {
   alerts: Alert[];
 }
 
+/** `%gpucheck`'s brief in the /status reply: the verdict, the headline (null when the verdict says it), the fix. */
 export interface Check {
   status: 'ok' | 'warn' | 'fail' | string;
   verdict: string;
+  /** Shown as given: the server already leaves it null when the verdict says the same thing. */
   headline: string | null;
   fix: string[];
   code: string | null;
@@ -504,16 +506,11 @@ export function unavailableView(metrics: Metrics | null, status: Status | null):
     (status && status.devices.length === 0 ? 'NVML lists no GPU.' : null) ??
     'No GPU is available to this server.';
   const check = status?.check ?? null;
-  const verdict = check?.verdict || null;
-  let headline = check?.headline || null;
-  // %gpucheck's verdict often already says the headline: show it once.
-  if (headline && verdict && verdict.toLowerCase().includes(headline.toLowerCase().replace(/[.\s]+$/, ''))) {
-    headline = null;
-  }
   return {
     reason,
-    verdict,
-    headline,
+    verdict: check?.verdict || null,
+    // As the server gives it: its one brief (GpuCheckReport.brief) already sends null when the verdict says it.
+    headline: check?.headline || null,
     fix: check ? check.fix.join('\n') : '',
     checkStatus: check?.status ?? null
   };

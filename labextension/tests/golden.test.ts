@@ -268,8 +268,9 @@ test('byte formatting of golden values reads like the server summaries', () => {
   assert.equal(formatBytes(metrics.latest!.devices[0].memory_total), '80.0 GiB');
 });
 
-test('no GPU: the status reply gives the reason, the verdict and the fix', () => {
-  const status = parseStatus({
+/** A /status reply of a machine without a driver, with `%gpucheck`'s brief as `check` (changed by `check`). */
+function noDriverStatus(check: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
     api_version: 1,
     interval: 1.0,
     sampler_threads: 1,
@@ -284,14 +285,15 @@ test('no GPU: the status reply gives the reason, the verdict and the fix', () =>
       verdict: 'No NVIDIA driver: this machine cannot use a GPU.',
       headline: 'The NVIDIA driver is not installed',
       fix: ['sudo apt install nvidia-driver-550', 'sudo reboot'],
-      code: 'NO_DRIVER'
+      code: 'NO_DRIVER',
+      ...check
     }
-  });
-  assert.equal(status.available, false);
-  assert.equal(status.status, 'no_driver');
-  assert.equal(status.check?.code, 'NO_DRIVER');
+  };
+}
 
-  const metrics = parseMetrics({
+/** The golden reply as a machine without a driver sends it: no devices, the sample's message says why. */
+function noDriverMetrics(): Metrics {
+  return parseMetrics({
     ...raw(),
     backend: 'simulated:nodriver',
     latest: {
@@ -306,6 +308,15 @@ test('no GPU: the status reply gives the reason, the verdict and the fix', () =>
     holders: [],
     alerts: []
   });
+}
+
+test('no GPU: the status reply gives the reason, the verdict and the fix', () => {
+  const status = parseStatus(noDriverStatus());
+  assert.equal(status.available, false);
+  assert.equal(status.status, 'no_driver');
+  assert.equal(status.check?.code, 'NO_DRIVER');
+
+  const metrics = noDriverMetrics();
   assert.equal(metricsAvailability(metrics), 'unavailable');
   assert.equal(panelState(metrics, status, false), 'unavailable');
   const view = unavailableView(metrics, status);
@@ -314,16 +325,37 @@ test('no GPU: the status reply gives the reason, the verdict and the fix', () =>
   assert.equal(view.fix, 'sudo apt install nvidia-driver-550\nsudo reboot');
   assert.equal(view.checkStatus, 'fail');
   assert.equal(view.headline, 'The NVIDIA driver is not installed');
-  // A headline the verdict already says is not repeated.
-  const repeated = parseStatus({
-    ...status,
-    check: { ...status.check, verdict: 'PyTorch runs on the CPU: this container has no GPU.', headline: 'This container has no GPU.' }
-  });
-  assert.equal(unavailableView(metrics, repeated).headline, null);
 
   // Before /status answers, the sample's own message is the reason.
   assert.equal(unavailableView(metrics, null).reason, 'NVML Shared Library Not Found');
   assert.equal(unavailableView(metrics, null).fix, '');
+});
+
+test('the check\'s headline is shown as the server gives it: the panel has no rule of its own', () => {
+  // The server's one brief (GpuCheckReport.brief) decides whether the headline adds to the verdict. Even a
+  // headline the verdict contains, which the server would have sent as null, is shown as given.
+  const status = parseStatus(
+    noDriverStatus({
+      verdict: 'PyTorch runs on the CPU: this container has no GPU.',
+      headline: 'This container has no GPU.'
+    })
+  );
+  assert.equal(status.check?.headline, 'This container has no GPU.');
+  const view = unavailableView(noDriverMetrics(), status);
+  assert.equal(view.verdict, 'PyTorch runs on the CPU: this container has no GPU.');
+  assert.equal(view.headline, 'This container has no GPU.');
+  assert.equal(view.fix, 'sudo apt install nvidia-driver-550\nsudo reboot');
+});
+
+test('a null headline (the verdict already says it) shows no headline; the verdict and the fix stay', () => {
+  const status = parseStatus(noDriverStatus({ headline: null }));
+  assert.equal(status.check?.headline, null);
+  const view = unavailableView(noDriverMetrics(), status);
+  assert.equal(view.headline, null);
+  assert.equal(view.verdict, 'No NVIDIA driver: this machine cannot use a GPU.');
+  assert.equal(view.fix, 'sudo apt install nvidia-driver-550\nsudo reboot');
+  assert.equal(view.checkStatus, 'fail');
+  assert.equal(view.reason, 'NVML Shared Library Not Found');
 });
 
 test('starting: no reading yet is "loading", not "unavailable"', () => {

@@ -7,8 +7,8 @@ from typing import Any
 from jupyter_gpu.gpucheck.diagnose import device_rules, host_rules, install_rules
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
-from jupyter_gpu.gpucheck.report import GpuCheckReport
-from jupyter_gpu.models import Device, Finding, order_findings, overall_status, primary_finding
+from jupyter_gpu.gpucheck.report import Device, GpuCheckReport
+from jupyter_gpu.models import Finding, order_findings, overall_status, primary_finding
 
 
 def usable_devices(view: FactsView) -> list[Device]:
