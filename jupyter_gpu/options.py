@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from jupyter_gpu.units import parse_bytes
 
@@ -15,13 +16,39 @@ class OptionsError(ValueError):
 
 
 class SentenceParser(argparse.ArgumentParser):
-    """argparse that raises instead of printing usage and calling sys.exit (fatal inside a kernel)."""
+    """argparse that raises instead of printing usage and calling sys.exit (fatal inside a kernel).
+
+    Its help has a fixed width, so `%magic?` and `jupyter-gpu --help` read the same on every terminal.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _fixed_width_formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise OptionsError(message[0].upper() + message[1:].rstrip(".") + ".")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise OptionsError((message or "").strip() or f"exit {status}")
+
+
+def _fixed_width_formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.HelpFormatter(prog, width=110, max_help_position=30)
+
+
+Documented = TypeVar("Documented", bound=Callable[..., Any])
+
+
+def help_from(parser: Callable[[], argparse.ArgumentParser]) -> Callable[[Documented], Documented]:
+    """A magic's `%magic?` help: its docstring's prose, then the usage and options of the parser it parses with.
+
+    Generated from the parser, so the help can never leave out an option the magic accepts.
+    """
+    def document(function: Documented) -> Documented:
+        prose = inspect.cleandoc(function.__doc__ or "")
+        function.__doc__ = f"{prose}\n\n{parser().format_help().rstrip()}\n"
+        return function
+    return document
 
 
 def add_check_options(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +68,8 @@ def check_parser(prog: str, *, magic: bool) -> SentenceParser:
                             description="Is PyTorch really using the GPU, why not, and the exact fix.")
     add_check_options(parser)
     if magic:
-        parser.add_argument("-o", dest="return_result", action="store_true", help="return the GpuCheckReport")
+        parser.add_argument("-o", dest="return_result", action="store_true",
+                            help="return the GpuCheckReport (.status, .findings, .to_dict())")
         parser.add_argument("names", nargs="*", metavar="NAME", help="audit only these notebook variables")
     return parser
 
@@ -57,16 +85,25 @@ GPUTIME_VALUE_FLAGS = frozenset({"-n", "-r", "-w", "--budget", "-l", "--label"})
 
 
 def gputime_parser(prog: str = "%gputime") -> SentenceParser:
-    parser = SentenceParser(prog=prog, add_help=False, description="Time a cell's GPU work correctly.")
-    parser.add_argument("-n", dest="loops", type=_whole_number("-n", 1), help="runs per repeat")
-    parser.add_argument("-r", dest="repeat", type=_whole_number("-r", 1), help="repeats")
-    parser.add_argument("-w", dest="warmup", type=_whole_number("-w", 0), default=0, help="warm-up runs, not counted")
-    parser.add_argument("--auto", action="store_true", help="choose the number of runs from --budget")
+    parser = SentenceParser(prog=prog, add_help=False,
+                            usage="%%%(prog)s [options]  or  %(prog)s [options] STATEMENT",
+                            description="Time a cell's GPU work correctly.")
+    parser.add_argument("-n", dest="loops", metavar="N", type=_whole_number("-n", 1),
+                        help="runs per repeat (each repeat's time is divided by N)")
+    parser.add_argument("-r", dest="repeat", metavar="R", type=_whole_number("-r", 1),
+                        help="repeats (default 1; 7 with --auto)")
+    parser.add_argument("-w", dest="warmup", metavar="W", type=_whole_number("-w", 0), default=0,
+                        help="warm-up runs, not counted")
+    parser.add_argument("--auto", action="store_true",
+                        help="choose N so the timed runs take about --budget seconds (default 2)")
     parser.add_argument("--budget", type=seconds_type("--budget"), default=None, metavar="SECONDS",
                         help="time to spend on timed runs with --auto (default 2)")
-    parser.add_argument("--no-ops", dest="count_ops", action="store_false", help="do not count operators")
-    parser.add_argument("-l", "--label", help="name of the result in compare()")
-    parser.add_argument("-o", dest="return_result", action="store_true", help="return the GpuTimeResult")
+    parser.add_argument("--no-ops", dest="count_ops", action="store_false",
+                        help="do not count operators (the first run then carries no counting cost)")
+    parser.add_argument("-l", "--label", help="the name compare() shows for this result")
+    parser.add_argument("-o", dest="return_result", action="store_true",
+                        help="return the GpuTimeResult (.times, .gpu_times, .median, .ops_by_device); with "
+                             "%%%%gputime it is the cell's value, shown once")
     parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
     return parser
 
@@ -139,19 +176,27 @@ def seconds_type(flag: str) -> Callable[[str], float]:
 
 
 def batchprobe_parser(prog: str = "%batchprobe") -> SentenceParser:
-    parser = SentenceParser(prog=prog, add_help=False, description="Find the largest batch size that fits.")
-    parser.add_argument("--start", type=_whole_number("--start", 1), default=2, help="first batch size tried")
-    parser.add_argument("--max", dest="maximum", type=_whole_number("--max", 1), default=None,
+    parser = SentenceParser(prog=prog, add_help=False, description="Find the largest batch size that fits.",
+                            usage="%(prog)s STEP [options]  (STEP(batch_size) runs one training step)  or  "
+                                  "%%%(prog)s [options]  (the cell body is the step; it reads `batch_size`)")
+    parser.add_argument("--start", metavar="N", type=_whole_number("--start", 1), default=2,
+                        help="first batch size (default 2)")
+    parser.add_argument("--max", dest="maximum", metavar="N", type=_whole_number("--max", 1), default=None,
                         help="largest batch size worth trying (default 65536)")
     parser.add_argument("--max-memory", type=_memory_size("--max-memory"), default=None, metavar="SIZE",
-                        help="memory budget, e.g. 6GiB (default: the device's free memory)")
-    parser.add_argument("--margin", type=_fraction("--margin"), default=0.1, help="share of the budget kept free")
-    parser.add_argument("--steps", type=_whole_number("--steps", 1), default=2, help="training steps per trial")
-    parser.add_argument("--amp", choices=("bf16", "fp16"), default=None, help="run the step under autocast")
-    parser.add_argument("--estimate", action="store_true", help="predict with fake tensors instead of running")
+                        help="budget, e.g. 6GiB: a CUDA allocator cap, or on the CPU a count of live tensor bytes "
+                             "(default: the device's free memory)")
+    parser.add_argument("--margin", metavar="F", type=_fraction("--margin"), default=0.1,
+                        help="share of the budget the recommendation keeps free (default 0.1)")
+    parser.add_argument("--steps", metavar="K", type=_whole_number("--steps", 1), default=2,
+                        help="steps per trial (default 2)")
+    parser.add_argument("--amp", choices=("bf16", "fp16"), default=None, help="run the step under torch.autocast")
+    parser.add_argument("--estimate", action="store_true",
+                        help="predict with fake tensors, nothing run on a device (with --for)")
     parser.add_argument("--for", dest="memory_sizes", type=_memory_sizes, default=None, metavar="SIZES",
                         help="memory sizes for --estimate, e.g. 24GiB,80GiB")
-    parser.add_argument("-o", dest="return_result", action="store_true", help="return the BatchProbeResult")
+    parser.add_argument("-o", dest="return_result", action="store_true",
+                        help="return the BatchProbeResult (.max_batch_size, .recommended, .trials)")
     parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
     parser.add_argument("names", nargs="*", metavar="STEP", help="the step function (line magic only)")
     return parser

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from jupyter_gpu.gpucheck.report import GpuCheckReport
+from jupyter_gpu.gpucheck.request import CheckRequest
 
 
 class GpuUnavailableError(RuntimeError):
@@ -24,8 +24,7 @@ def require_gpu(*, strict: bool = False, root: str | None = None) -> Any:
     """
     from jupyter_gpu.gpucheck.run import run_check
 
-    options = argparse.Namespace(facts=None, root=root, timeout=None, refresh=False, save=None, verbose=False)
-    report = run_check(options)
+    report = run_check(CheckRequest(root=root))
     if not report.gpu_usable or report.status == "fail" or (strict and report.status == "warn"):
         raise GpuUnavailableError(report)
     import torch  # only reached when the probe proved torch imports and sees a GPU

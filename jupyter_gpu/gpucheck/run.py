@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
 from jupyter_gpu.gpucheck.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
 from jupyter_gpu.gpucheck.facts.gather import TorchProbeCache, gather_facts, load_snapshot, save_snapshot
 from jupyter_gpu.gpucheck.report import GpuCheckReport
+from jupyter_gpu.gpucheck.request import CheckRequest
 
 
 def run_check(
-    options: argparse.Namespace,
+    request: CheckRequest,
     *,
     notebook: dict[str, Any] | None = None,
     cache: TorchProbeCache | None = None,
     context: ProbeContext | None = None,
 ) -> GpuCheckReport:
-    if options.facts:
-        snapshot = load_snapshot(options.facts)
+    if request.facts:
+        snapshot = load_snapshot(request.facts)
     else:
         ctx = context or ProbeContext.from_environment(
-            root=options.root, probe_timeout_s=options.timeout or DEFAULT_PROBE_TIMEOUT_S)
-        snapshot = gather_facts(ctx, notebook=notebook, cache=cache, refresh=options.refresh)
-    if options.save:
-        save_snapshot(snapshot, options.save)
-    return diagnose(snapshot, verbose=options.verbose)
+            root=request.root, probe_timeout_s=request.timeout or DEFAULT_PROBE_TIMEOUT_S)
+        snapshot = gather_facts(ctx, notebook=notebook, cache=cache, refresh=request.refresh)
+    if request.save:
+        save_snapshot(snapshot, request.save)
+    return diagnose(snapshot, verbose=request.verbose)
 
 
 def check_this_environment(cache: TorchProbeCache | None = None) -> GpuCheckReport:
@@ -34,6 +34,4 @@ def check_this_environment(cache: TorchProbeCache | None = None) -> GpuCheckRepo
 
     Takes seconds (torch is probed in a child process): call it off any event loop or kernel thread.
     """
-    from jupyter_gpu.options import check_parser
-
-    return run_check(check_parser("%gpucheck", magic=True).parse_args([]), cache=cache)
+    return run_check(CheckRequest(), cache=cache)

@@ -14,6 +14,7 @@ from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import (
     OptionsError,
     batchprobe_parser,
+    help_from,
     validate_batchprobe,
 )
 
@@ -23,28 +24,15 @@ CELL_PARAMETER = "batch_size"
 @magics_class
 class BatchProbeMagics(Magics):
     @line_cell_magic
+    @help_from(batchprobe_parser)
     def batchprobe(self, line: str, cell: str | None = None) -> Any:
         """Find the largest batch size that fits in memory, with the model left exactly as it was.
-
-        Usage:  %batchprobe STEP [options]      STEP(batch_size) runs one training step
-                %%batchprobe [options]          the cell body is the step; it reads `batch_size`
 
         Each trial runs --steps real steps (so optimizer state is counted). The first trials measure peak
         memory against the batch size and jump close to the limit; the answer is exact (N runs, N+1 does
         not) and re-run before it is returned. Out-of-memory errors of every kind are recovered from and
         cleaned up, including what IPython keeps alive after an earlier cell's error. Parameters, buffers,
         gradients, optimizer and scheduler state, train/eval mode and RNG states are put back bitwise.
-
-          --start N        first batch size (default 2)
-          --max N          largest batch size worth trying (default 65536)
-          --max-memory S   budget, e.g. 6GiB: a CUDA allocator cap, or on the CPU a count of live tensor
-                           bytes (default: the device's free memory)
-          --margin F       share of the budget the recommendation keeps free (default 0.1)
-          --steps K        steps per trial (default 2)
-          --amp {bf16,fp16}  run the step under torch.autocast
-          --estimate --for 24GiB,80GiB   predict with fake tensors, nothing run on a device
-          -o               return the BatchProbeResult (.max_batch_size, .recommended, .trials)
-          -q               print nothing
         """
         magic = "%%batchprobe" if cell is not None else "%batchprobe"
         options, step = self._parse(magic, line, cell)

@@ -14,7 +14,8 @@ from IPython.display import display
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.facts.gather import TorchProbeCache
 from jupyter_gpu.gpucheck.report import GpuCheckReport
-from jupyter_gpu.options import OptionsError, check_parser, validate
+from jupyter_gpu.gpucheck.request import CheckRequest
+from jupyter_gpu.options import OptionsError, check_parser, help_from, validate
 
 
 def _last_exception() -> BaseException | None:
@@ -31,23 +32,13 @@ class GpuCheckMagics(Magics):
         self.context: ProbeContext | None = None
 
     @line_magic
+    @help_from(lambda: check_parser("%gpucheck", magic=True))
     def gpucheck(self, line: str) -> GpuCheckReport | None:
         """Is PyTorch in this kernel really able to use the GPU? If not, why, and the exact fix.
-
-        Usage: %gpucheck [NAME ...] [-v] [--json] [--save FILE] [--facts FILE] [--root DIR] [-q] [-o] [--refresh]
 
         Checks the kernel's Python and torch install, the driver, the GPUs and their visibility without
         initialising CUDA in this kernel (torch is probed in a child process), then audits the notebook's
         models, tensors, optimizers and DataLoaders (or only the NAMEs given) and the last error.
-
-          -v            also show every fact gathered
-          --json        print the report as JSON
-          --save FILE   write the facts snapshot to FILE (attach it to a bug report)
-          --facts FILE  diagnose a saved snapshot instead of this kernel
-          --root DIR    read system files under DIR instead of /
-          -q            print nothing
-          -o            return the GpuCheckReport (.status, .findings, .to_dict())
-          --refresh     probe torch again even if nothing changed since the last check
         """
         try:
             options = check_parser("%gpucheck", magic=True).parse_args(shlex.split(line))
@@ -62,7 +53,8 @@ class GpuCheckMagics(Magics):
             notebook = gather_notebook_facts(self.shell.user_ns, names=options.names or None,
                                              last_exception=_last_exception())
         try:
-            report = run_check(options, notebook=notebook, cache=self.torch_probe_cache, context=self.context)
+            report = run_check(CheckRequest.from_options(options), notebook=notebook, cache=self.torch_probe_cache,
+                               context=self.context)
         except (OSError, ValueError) as exc:
             raise UsageError(f"%gpucheck: {exc}") from None
         if options.json:
