@@ -1,22 +1,34 @@
-"""This kernel's PyTorch allocator figures, joined to NVML devices by UUID, without ever starting CUDA.
+"""The one seam to the torch already loaded in this kernel: is it loaded, is CUDA initialised, the allocator's
+figures (joined to NVML devices by UUID), and the dispatch mode that sees every operator.
 
-Probe layer: reads `torch` only if the kernel already imported it, and CUDA only if the kernel already
-initialised it (a monitor that creates a CUDA context breaks forked DataLoader workers).
+Probe layer: reads `torch` only if the kernel already imported it (it never imports torch on its own), and
+CUDA only if the kernel already initialised it (a monitor that creates a CUDA context breaks forked DataLoader
+workers with "Cannot re-initialize CUDA in forked subprocess").
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from jupyter_gpu.gputime.clock import cuda_initialized
 from jupyter_gpu.metrics.sample import Sample
 
 
 def loaded_torch() -> Any | None:
     """torch if this process has imported it; never imports it."""
     return sys.modules.get("torch")
+
+
+def cuda_initialized(torch: Any | None) -> bool:
+    """Whether this torch has a CUDA context already; False for no torch or a build without CUDA."""
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def nvml_uuid(torch: Any, index: int) -> str | None:
@@ -58,3 +70,26 @@ def with_torch_memory(sample: Sample, torch: Any | None = None) -> Sample:
             device = replace(device, torch_allocated=sum(a for a, _ in mine), torch_reserved=sum(r for _, r in mine))
         devices.append(device)
     return replace(sample, devices=tuple(devices))
+
+
+# handler(func, args, kwargs) runs the operator (func(*args, **kwargs)) and returns its result.
+Handler = Callable[[Any, tuple, dict], Any]
+
+
+def handler_mode(handler: Handler) -> Any:
+    """A fresh dispatch mode (a context manager) that calls `handler` for every operator below autograd.
+
+    It declares `ignore_compile_internals`: without it, Dynamo skips, for good, a function first called
+    under the mode, so `torch.compile` would silently stop compiling the user's code.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HandlerMode(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            return handler(func, args, kwargs or {})
+
+    return HandlerMode()

@@ -185,3 +185,19 @@ def test_the_probe_layer_imports_no_surface() -> None:
     assert len(probes) > 10
     upward = {m: sorted(t for t in reachable(m) if within(t, SURFACE_PREFIXES)) for m in probes}
     assert {m: s for m, s in upward.items() if s} == {}
+
+
+def test_only_the_torch_seam_looks_torch_up_in_sys_modules() -> None:
+    # One door to the kernel's torch (`kernel_torch.loaded_torch`), so "never import torch, never start CUDA"
+    # is kept in one place.
+    lookups = ('sys.modules.get("torch")', "sys.modules.get('torch')", '"torch" in sys.modules',
+               '"torch" not in sys.modules', 'sys.modules["torch"]')
+    found = sorted(name for name, path in modules().items() if name != "jupyter_gpu.kernel_torch"
+                   and any(lookup in path.read_text() for lookup in lookups))
+    assert found == []
+
+
+def test_the_diagnosis_rules_read_snapshot_paths_with_posixpath_only() -> None:
+    # A snapshot's paths are the checked machine's; the host replaying it must not reinterpret them.
+    rules = [p for name, p in modules().items() if name.startswith("jupyter_gpu.gpucheck.diagnose.")]
+    assert rules and [p.name for p in rules if "os.path" in p.read_text() or "os.pathsep" in p.read_text()] == []

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from jupyter_gpu.batchprobe.oom import budget_message
-from jupyter_gpu.dispatch import handler_mode
+from jupyter_gpu.kernel_torch import handler_mode
 
 
 class BudgetError(RuntimeError):

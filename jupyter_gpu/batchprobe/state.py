@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jupyter_gpu.kernel_torch import loaded_torch
+
 if TYPE_CHECKING:
     import torch
 
@@ -70,7 +72,7 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
     protect and nothing is imported.
     """
     found = TrainingObjects([], [], [], [])
-    if "torch" not in sys.modules:
+    if loaded_torch() is None:
         return found
     kinds = _kinds()
     seen: set[int] = set()

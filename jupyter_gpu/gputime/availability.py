@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_gpu.gputime.advice import GpuAvailability
-from jupyter_gpu.gputime.clock import cuda_initialized
+from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.metrics.sample import Sample
 
 

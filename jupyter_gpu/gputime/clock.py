@@ -11,15 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_gpu.gputime.result import DeviceMemory
-
-
-def cuda_initialized(torch: Any | None) -> bool:
-    if torch is None:
-        return False
-    try:
-        return bool(torch.cuda.is_initialized())
-    except (AttributeError, RuntimeError):
-        return False
+from jupyter_gpu.kernel_torch import cuda_initialized
 
 
 class DeviceClock:

@@ -15,7 +15,6 @@ from collections import Counter
 from contextlib import ExitStack
 from typing import Any
 
-from jupyter_gpu.dispatch import handler_mode
 from jupyter_gpu.gputime.ops import (
     COPY_OPS,
     PRINT_SYNC,
@@ -25,6 +24,7 @@ from jupyter_gpu.gputime.ops import (
     sync_reason,
 )
 from jupyter_gpu.gputime.result import OpCounts
+from jupyter_gpu.kernel_torch import handler_mode
 
 _CALIBRATION_OPS = 400
 # Operators that mark profiler ranges (optimizers emit them every step): bookkeeping, not work.

@@ -3,7 +3,6 @@ then synchronised, repeated timing; memory, NVML utilisation and advice gathered
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,13 +12,13 @@ from typing import Any
 from jupyter_gpu.gputime.advice import timing_findings
 from jupyter_gpu.gputime.availability import gpu_availability
 from jupyter_gpu.gputime.busy import BusyWatch
-from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock, cuda_initialized
+from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX, CompiledCell
 from jupyter_gpu.gputime.opcount import OpCounter, counting_overhead_per_op
 from jupyter_gpu.gputime.ops import is_accelerator
 from jupyter_gpu.gputime.result import GpuTimeResult, OpCounts
 from jupyter_gpu.gputime.stats import summarize
-from jupyter_gpu.kernel_torch import nvml_uuid
+from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch, nvml_uuid
 from jupyter_gpu.metrics.hub import Lease
 from jupyter_gpu.units import format_seconds
 
@@ -62,7 +61,7 @@ def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequ
     for the caller to show the partial result before re-raising it, so "Run all" still stops.
     """
     __tracebackhide__ = True  # read by IPython: the traceback shows the cell's lines, not ours
-    torch_before = sys.modules.get("torch")
+    torch_before = loaded_torch()
     cuda_before = cuda_initialized(torch_before)
     backend = lease.sampler.backend if lease is not None else None
     first_sample = lease.sampler.read_now() if lease is not None else None
@@ -82,7 +81,7 @@ def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequ
         times, gpu_times, loops, repeat = [first_wall], [first_gpu], 1, 1
         interrupted: KeyboardInterrupt | None = None
         if request.repeated:
-            torch = sys.modules.get("torch")  # the cell may have imported it
+            torch = loaded_torch()  # the cell may have imported it
             clock = DeviceClock(torch, extra_sync=_other_accelerators(ops))
             for _ in range(request.warmup):
                 clock.time(lambda: runner.loop(1))
@@ -95,7 +94,7 @@ def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequ
         runner.clean_namespace()
         if busy is not None:
             busy.stop()
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     memory_use = memory.finish()
     busy_result, busy_note, throttles = (busy.result(_device_uuids(torch, memory_use)) if busy is not None
                                          else (None, _no_busy_reason(first_sample), []))

@@ -45,11 +45,11 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
 from __future__ import annotations
 
 import multiprocessing
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from jupyter_gpu.gpucheck.facts.errors import describe_error, error_message, qualified_name
+from jupyter_gpu.kernel_torch import loaded_torch
 
 MIB = 1024 * 1024
 MAX_CHAIN = 10
@@ -63,7 +63,7 @@ def gather_notebook_facts(
     last_exception: BaseException | None = None,
 ) -> dict:
     """Read the namespace and torch's settings into the JSON-able dict described in the module docstring."""
-    torch = sys.modules.get("torch")
+    torch = loaded_torch()
     names = list(dict.fromkeys(names)) if names is not None else None
     facts: dict[str, Any] = {
         "torch_imported": torch is not None,
