@@ -57,7 +57,7 @@ def test_save_and_replay_from_the_command_line(tmp_path):
     facts = tmp_path / "facts.json"
     saved = run(["-m", "jupyter_gpu", "check", "--save", str(facts)])
     snapshot = json.loads(facts.read_text())
-    assert snapshot["schema"] == "jupyter-gpu/facts" and snapshot["schema_version"] == 1
+    assert snapshot["schema"] == "jupyter-gpu/facts" and snapshot["schema_version"] == 2
     replayed = run(["-m", "jupyter_gpu", "check", "--facts", str(facts)])
     assert strip_timings(replayed.stdout) == strip_timings(saved.stdout)
     assert replayed.returncode == saved.returncode

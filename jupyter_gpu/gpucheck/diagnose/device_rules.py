@@ -74,8 +74,8 @@ def visible_devices_changed_after_init(view: FactsView) -> list[Finding]:
 
 def mig(view: FactsView) -> list[Finding]:
     findings = []
-    mig_gpus = [d for d in view.visible_nvml_devices() if d.mig_mode == 1]
-    empty = [d for d in mig_gpus if d.mig_devices is not None and not d.mig_devices]
+    mig_gpus = [d for d in view.visible_nvml_devices() if d.mig_enabled]
+    empty = [d for d in mig_gpus if d.mig_instances is not None and not d.mig_instances]
     if empty:
         everything = len(empty) == len(view.visible_nvml_devices())
         findings.append(Finding(
@@ -87,7 +87,7 @@ def mig(view: FactsView) -> list[Finding]:
                  "Then: %env CUDA_VISIBLE_DEVICES=MIG-<uuid>  (from `nvidia-smi -L`) and restart the kernel."],
             refs=["pytorch#130181"], layer=LAYER_VISIBILITY))
     migs = [u for u in view.visibility.uuids if u.startswith("MIG-")]
-    instances = [m for d in mig_gpus for m in d.mig_devices or []]
+    instances = [m for d in mig_gpus for m in d.mig_instances or []]
     if len(migs) > 1 or (not migs and len(instances) > 1):
         findings.append(Finding(
             "MIG_MULTI_DEVICE", "warn" if len(migs) > 1 else "info",
@@ -128,7 +128,7 @@ def memory_held_by_others(view: FactsView) -> list[Finding]:
     held = []
     for d in view.visible_nvml_devices():
         for p in d.processes or []:
-            used = p.get("used_memory")
+            used = p.get("memory_used")
             if p.get("pid") == view.pid or used is None:
                 continue
             if used >= OTHER_PROCESS_MEMORY_FLOOR or (d.memory_total and used > 0.25 * d.memory_total):
@@ -143,14 +143,14 @@ def memory_held_by_others(view: FactsView) -> list[Finding]:
     if foreign:
         fix.append(f"PID {', '.join(foreign)} is not visible from here (NVML reports host PIDs in a container); "
                    "find it on the host with: nvidia-smi --query-compute-apps=pid,used_memory --format=csv")
-    total = _gib(sum(p["used_memory"] for _, p in held))
+    total = _gib(sum(p["memory_used"] for _, p in held))
     headline = f"Other processes hold {total} of GPU memory (a forgotten notebook kernel or DataLoader workers?)."
     if foreign and view.in_kernel.get("cuda_initialized"):
         headline = (f"Processes hold {total} of GPU memory; NVML shows host PIDs here, "
                     "so this kernel may be one of them.")
     return [Finding(
         "GPU_MEMORY_HELD_BY_OTHER_PROCESS", "warn", headline,
-        evidence={"processes": [f"pid {p['pid']} holds {_gib(p['used_memory'])} on GPU {d.index}"
+        evidence={"processes": [f"pid {p['pid']} holds {_gib(p['memory_used'])} on GPU {d.index}"
                                 + ("" if p.get("in_this_pid_namespace", True) else " (host PID)") for d, p in held]},
         fix=fix, layer=LAYER_VISIBILITY)]
 

@@ -22,8 +22,8 @@ class NvmlDevice:
     memory_total: int | None
     memory_used: int | None
     compute_mode: int | None
-    mig_mode: int | None
-    mig_devices: list[dict[str, Any]] | None
+    mig_enabled: bool | None
+    mig_instances: list[dict[str, Any]] | None
     processes: list[dict[str, Any]] | None
 
     @classmethod
@@ -33,8 +33,8 @@ class NvmlDevice:
             index=int(data.get("index", 0)), name=data.get("name"), uuid=data.get("uuid"),
             capability=(int(cc[0]), int(cc[1])) if cc else None,
             memory_total=data.get("memory_total"), memory_used=data.get("memory_used"),
-            compute_mode=data.get("compute_mode"), mig_mode=data.get("mig_mode"),
-            mig_devices=data.get("mig_devices"), processes=data.get("processes"),
+            compute_mode=data.get("compute_mode"), mig_enabled=data.get("mig_enabled"),
+            mig_instances=data.get("mig_instances"), processes=data.get("processes"),
         )
 
 
@@ -223,7 +223,7 @@ class FactsView:
         if vis.mode == "uuids":
             # A GPU is selected by its UUID or a unique prefix of it, or through one of its MIG instances.
             def selected(d: NvmlDevice) -> bool:
-                migs = {m.get("uuid") for m in d.mig_devices or []}
+                migs = {m.get("uuid") for m in d.mig_instances or []}
                 return any(u in migs or bool(d.uuid and d.uuid.startswith(u)) for u in vis.uuids)
 
             return [d for d in devices if selected(d)]

@@ -16,7 +16,8 @@ from jupyter_gpu.gpucheck.facts.system import gather_system
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"
-SCHEMA_VERSION = 1
+# 2: NVML fields named as the live metrics name them (mig_enabled, mig_instances, processes' memory_used).
+SCHEMA_VERSION = 2
 
 RELEVANT_ENV = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
@@ -56,7 +57,7 @@ def torch_probe_key(ctx: ProbeContext, snapshot: dict[str, Any]) -> str:
         "driver": snapshot["system"]["driver"],
         "nodes": snapshot["system"]["device_nodes"],
         "nvml": [nvml.get("status"), nvml.get("driver_version"),
-                 [(d.get("uuid"), d.get("mig_mode")) for d in nvml.get("devices", [])]],
+                 [(d.get("uuid"), d.get("mig_enabled")) for d in nvml.get("devices", [])]],
         "env": snapshot["env"],
     }
     return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()
@@ -167,6 +168,31 @@ def load_snapshot(path: str) -> dict[str, Any]:
             f"{path} has facts schema version {snapshot['schema_version']}, newer than this jupyter-gpu "
             f"understands ({SCHEMA_VERSION}); upgrade jupyter-gpu to read it"
         )
+    return upgraded(snapshot)
+
+
+# Schema 1 named NVML's fields its own way; schema 2 uses the live metrics' names.
+_V1_DEVICE_NAMES = {"mig_devices": "mig_instances", "mig_mode": "mig_enabled"}
+
+
+def upgraded(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """An older snapshot in the current schema's names, so the rules know one vocabulary (the file is not changed)."""
+    if snapshot.get("schema_version", SCHEMA_VERSION) >= 2:
+        return snapshot
+    for device in (snapshot.get("nvml") or {}).get("devices") or []:
+        if "mig_mode" in device:
+            mode = device["mig_mode"]
+            device["mig_mode"] = None if mode is None else mode == 1
+        for old, new in _V1_DEVICE_NAMES.items():
+            if old in device:
+                device[new] = device.pop(old)
+            errors = device.get("errors") or {}
+            if old in errors:
+                errors[new] = errors.pop(old)
+        for process in device.get("processes") or []:
+            if "used_memory" in process:
+                process["memory_used"] = process.pop("used_memory")
+    snapshot["schema_version"] = SCHEMA_VERSION
     return snapshot
 
 

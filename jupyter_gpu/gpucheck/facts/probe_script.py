@@ -166,17 +166,19 @@ def nvml_device(pynvml, index):
     read("memory_total", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
     read("memory_used", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used))
     read("compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
-    read("mig_mode", lambda: int(pynvml.nvmlDeviceGetMigMode(handle)[0]))
+    # Named as the live metrics name them (jupyter_gpu.metrics.sample): mig_enabled, mig_instances, memory_used.
+    # The current mode, not the pending one; NVML_DEVICE_MIG_ENABLE is 1.
+    read("mig_enabled", lambda: int(pynvml.nvmlDeviceGetMigMode(handle)[0]) == 1)
     read("processes", lambda: [
-        {"pid": int(p.pid), "used_memory": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
+        {"pid": int(p.pid), "memory_used": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     ])
-    if device.get("mig_mode") == 1:
-        read("mig_devices", lambda: mig_devices(pynvml, handle))
+    if device.get("mig_enabled"):
+        read("mig_instances", lambda: mig_instances(pynvml, handle))
     return device
 
 
-def mig_devices(pynvml, handle):
+def mig_instances(pynvml, handle):
     found = []
     for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
