@@ -30,7 +30,7 @@ PURE = [
     "jupyter_gpu.gputime.stats", "jupyter_gpu.gputime.ops", "jupyter_gpu.gputime.result",
     "jupyter_gpu.gputime.advice", "jupyter_gpu.gputime.render", "jupyter_gpu.gputime.compare",
     "jupyter_gpu.batchprobe.search", "jupyter_gpu.batchprobe.oom", "jupyter_gpu.batchprobe.result",
-    "jupyter_gpu.batchprobe.render",
+    "jupyter_gpu.batchprobe.render", "jupyter_gpu.batchprobe.estimate_result", "jupyter_gpu.batchprobe.estimate_render",
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
@@ -201,3 +201,22 @@ def test_the_diagnosis_rules_read_snapshot_paths_with_posixpath_only() -> None:
     # A snapshot's paths are the checked machine's; the host replaying it must not reinterpret them.
     rules = [p for name, p in modules().items() if name.startswith("jupyter_gpu.gpucheck.diagnose.")]
     assert rules and [p.name for p in rules if "os.path" in p.read_text() or "os.pathsep" in p.read_text()] == []
+
+
+def test_every_result_names_a_renderer_module_that_renders_it() -> None:
+    # Results are data the pure core builds; their renderer is imported by name on first display, the one
+    # string-named dependency in the package. Checked here so a moved or renamed renderer fails a test.
+    import importlib
+
+    renderers = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and node.target.id == "renderer" and isinstance(node.value, ast.Constant)):
+                renderers[name] = node.value.value
+    assert len(renderers) >= 4
+    for owner, renderer in renderers.items():
+        assert renderer in modules(), f"{owner} names {renderer}, which is not a module of the package"
+        module = importlib.import_module(renderer)
+        assert callable(module.render_text) and callable(module.render_html)
+        assert not within(renderer, PROBE_PREFIXES + SURFACE_PREFIXES)

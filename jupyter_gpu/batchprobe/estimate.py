@@ -25,16 +25,14 @@ import copy
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from html import escape
-from typing import Any, ClassVar
+from typing import Any
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
-from jupyter_gpu.batchprobe.runner import AMP_DTYPES
+from jupyter_gpu.batchprobe.estimate_result import MemoryEstimate, budget_bytes
+from jupyter_gpu.batchprobe.result import AMP_DTYPES
 from jupyter_gpu.batchprobe.search import Outcome, memory_line
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
-from jupyter_gpu.models import RichResult
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.units import format_bytes
 
 # Held back from every memory size for what tensors do not show: the CUDA context (about 0.3-1 GiB) and
 # cuBLAS/cuDNN workspaces. 1 GiB as in the reference experiment (exp/predict_bs.py); an assumption, not yet
@@ -53,39 +51,6 @@ GROWTH_DOUBLINGS = 4
 
 class EstimateError(RuntimeError):
     """--estimate cannot run this step; the message is one sentence for the user."""
-
-
-@dataclass(frozen=True, repr=False)
-class MemoryEstimate(RichResult):
-    renderer: ClassVar[str] = "jupyter_gpu.batchprobe.estimate"
-
-    points: list[tuple[int, int]]  # (batch size, predicted peak bytes), each evaluated with fake tensors, ascending
-    intercept: float  # peak ≈ intercept + per_sample · batch size, through the two largest points
-    per_sample: float
-    fits: dict[int, int]  # memory size in bytes -> largest batch size whose peak fits its budget (0: none)
-    reserve_bytes: int  # held back from each memory size for the CUDA context and workspaces (assumed)
-    margin: float  # fraction of the rest kept free for allocator rounding and fragmentation
-    device: str  # the device type of the fake run
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-
-    def budget_for(self, memory_bytes: int) -> int:
-        """The bytes of tensors a card of `memory_bytes` is predicted to hold."""
-        return budget_bytes(memory_bytes, self.reserve_bytes, self.margin)
-
-    @property
-    def seconds_per_evaluation(self) -> float:
-        return self.seconds / max(len(self.points), 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["points"] = [list(point) for point in self.points]
-        data["budgets"] = {size: self.budget_for(size) for size in self.fits}
-        return data
-
-
-def budget_bytes(memory_bytes: int, reserve: int, margin: float) -> int:
-    return max(int((memory_bytes - reserve) * (1 - margin)), 0)
 
 
 def estimate_peaks(step: Callable[[int], Any], sizes: list[int], *, namespace: dict[str, Any],
@@ -423,44 +388,3 @@ def _object_notes(objects: TrainingObjects) -> list[str]:
         notes.append(f"{len(loose)} optimizer parameter(s) belong to no module that was found: their module keeps "
                      "its real weights during the fake run, so their activations may be undercounted")
     return notes
-
-
-# -- rendering (the RichResult renderer of MemoryEstimate) -----------------------------------------------
-
-
-def headline(result: MemoryEstimate) -> str:
-    answers = " · ".join(f"{format_bytes(memory)}: {_fit_text(fit)}" for memory, fit in result.fits.items())
-    return "batchprobe --estimate (fake tensors, nothing ran on a device)" + (f": {answers}" if answers else "")
-
-
-def _fit_text(fit: int) -> str:
-    return f"batch {fit}" if fit else "no batch size fits"
-
-
-def rows(result: MemoryEstimate) -> list[tuple[str, str]]:
-    table = [("memory model", f"peak ≈ {format_bytes(result.intercept)} + {format_bytes(result.per_sample)} "
-                              "per sample")]
-    for memory, fit in result.fits.items():
-        budget = format_bytes(result.budget_for(memory))
-        table.append((format_bytes(memory), f"{_fit_text(fit)} (tensors may use {budget} = size − "
-                                            f"{format_bytes(result.reserve_bytes)} reserve, {result.margin:.0%} "
-                                            "kept free)"))
-    table.append(("evaluated", ", ".join(f"{size}: {format_bytes(peak)}" for size, peak in result.points)))
-    table.append(("time", f"{len(result.points)} fake evaluations on {result.device}, "
-                          f"{format_seconds(result.seconds)} in all"))
-    return table
-
-
-def render_text(result: MemoryEstimate) -> str:
-    lines = [headline(result)]
-    lines += [f"  {label}: {value}" for label, value in rows(result)]
-    lines += [f"  note: {note}" for note in result.notes]
-    return "\n".join(lines)
-
-
-def render_html(result: MemoryEstimate) -> str:
-    body = "".join(f"<tr><th style='text-align:left'>{escape(label)}</th><td>{escape(value)}</td></tr>"
-                   for label, value in rows(result))
-    notes = "".join(f"<li>{escape(note)}</li>" for note in result.notes)
-    return (f"<div><strong>{escape(headline(result))}</strong><table>{body}</table>"
-            + (f"<ul>{notes}</ul>" if notes else "") + "</div>")

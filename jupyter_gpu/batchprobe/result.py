@@ -9,6 +9,8 @@ from jupyter_gpu.models import RichResult
 
 # Why a trial was run: the search chose it, the answer was re-run after a failure, or the recommendation.
 SEARCH, VERIFY, RECOMMEND = "search", "verify", "recommend"
+# --amp choices and the torch dtype each runs the step in (under autocast).
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)

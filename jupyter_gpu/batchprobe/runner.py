@@ -19,7 +19,7 @@ from typing import Any
 from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, TensorBudget
 from jupyter_gpu.batchprobe.oom import FailureKind, classify, describe
 from jupyter_gpu.batchprobe.release import release_last_error
-from jupyter_gpu.batchprobe.result import RECOMMEND, SEARCH, VERIFY, BatchProbeResult, Trial
+from jupyter_gpu.batchprobe.result import AMP_DTYPES, RECOMMEND, SEARCH, VERIFY, BatchProbeResult, Trial
 from jupyter_gpu.batchprobe.search import BatchSizeSearch, Outcome, memory_line, recommended_size, throughput_knee
 from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -27,7 +27,6 @@ from jupyter_gpu.units import format_bytes, format_seconds
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
 # large only to say so would take minutes. The report says when this cap, not memory, was the limit.
 DEFAULT_MAX_BATCH = 65536
-AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 Progress = Callable[[str], None]
 
