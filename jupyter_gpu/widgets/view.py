@@ -20,10 +20,6 @@ MEMORY_COLOUR = "#6a1b9a"
 MUTED = "opacity:.75"
 
 
-def _bytes(value: float | None) -> str:
-    return "n/a" if value is None else format_bytes(value)
-
-
 def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{format_bytes(value)}/s"
 
@@ -64,12 +60,12 @@ def memory_text(device: DeviceSample, kernel: KernelView) -> str:
     """'60.1 GiB of 140.4 GiB (43%) · this kernel 12.0 GiB · PyTorch 10.1 GiB allocated, 11.0 GiB reserved'."""
     fraction = device.memory_fraction
     share = "" if fraction is None else f" ({fraction:.0%})"
-    parts = [f"{_bytes(device.memory_used)} of {_bytes(device.memory_total)}{share}"]
+    parts = [f"{format_bytes(device.memory_used)} of {format_bytes(device.memory_total)}{share}"]
     mine = kernel_memory(device, kernel)
     if mine is not None:
         parts.append(f"this kernel {format_bytes(mine)}")
     if device.torch_reserved is not None:
-        parts.append(f"PyTorch {_bytes(device.torch_allocated)} allocated, {format_bytes(device.torch_reserved)} "
+        parts.append(f"PyTorch {format_bytes(device.torch_allocated)} allocated, {format_bytes(device.torch_reserved)} "
                      "reserved")
     return " · ".join(parts)
 
@@ -85,7 +81,7 @@ def processes_html(device: DeviceSample, kernel: KernelView) -> str:
         if process.pid in kernel.pids:
             who = f"<b>{who} (this kernel)</b>"
         slice_ = "" if process.gpu_instance_id is None else f" on MIG GI {process.gpu_instance_id}"
-        items.append(f"{who} {escape(_bytes(process.memory_used))}{slice_}")
+        items.append(f"{who} {escape(format_bytes(process.memory_used))}{slice_}")
     return f"Processes: {' · '.join(items)}"
 
 
@@ -94,8 +90,8 @@ def mig_html(device: DeviceSample) -> str:
         return ""
     if not device.mig_instances:
         return f'<span style="{MUTED}">MIG on, no slices created.</span>'
-    items = [f"{escape(m.profile or 'slice')} {escape(_bytes(m.memory_used))}/{escape(_bytes(m.memory_total))}"
-             for m in device.mig_instances]
+    items = [f"{escape(m.profile or 'slice')} {escape(format_bytes(m.memory_used))}/"
+             f"{escape(format_bytes(m.memory_total))}" for m in device.mig_instances]
     return f"MIG slices ({len(items)}): {' · '.join(items)}"
 
 
