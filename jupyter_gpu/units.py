@@ -72,7 +72,7 @@ def format_duration(seconds: float | None) -> str:
     """`10800` -> `3 h`: how long something has been idle or busy, rounded the way people say it."""
     if seconds is None:
         return "n/a"
-    seconds = max(seconds, 0.0)
+    seconds = seconds if seconds > 0 else 0.0  # clock skew is 0 s; so is -0.0, which max() would keep
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
