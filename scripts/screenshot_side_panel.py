@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
-sys.path.insert(0, str(ROOT / "tests" / "browser"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e" / "browser"))
 
 from jupyter_client import BlockingKernelClient  # noqa: E402
 from lab_server import TOKEN, chromium_path, start_lab_server  # noqa: E402

@@ -69,7 +69,7 @@ def test_rerunning_a_cell_replaces_its_panel(ip):
 
 
 def test_the_panel_knows_when_a_cell_is_running(ip):
-    # The "GPU idle while a cell runs" alert needs this; its rule is tested in tests/core/test_alerts.py.
+    # The "GPU idle while a cell runs" alert needs this; its rule is tested in tests/metrics/test_alerts.py.
     panel = ip.run_line_magic("gpupanel", "-o")
     ip.user_ns["panel"] = panel
     ip.run_cell("during = panel._cell_started()")
