@@ -30,7 +30,7 @@ from jupyter_server.utils import url_path_join
 
 from jupyter_gpu.metrics.backends.base import Backend
 from jupyter_gpu.metrics.backends.select import select_backend
-from jupyter_gpu.metrics.sampler import THREAD_NAME
+from jupyter_gpu.metrics.sampler import running_sampler_threads
 
 SPEC = "simulated:a100x8-mig"
 PREFIX = "bench-per-client"
@@ -67,7 +67,7 @@ class StatusHandler(_Handler):
     def get(self) -> None:
         self.finish({
             "reads": self.state.reads,
-            "sampler_threads": sum(t.name == THREAD_NAME for t in threading.enumerate()),
+            "sampler_threads": running_sampler_threads(),
             "python_threads": threading.active_count(),
         })
 

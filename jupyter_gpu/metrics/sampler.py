@@ -176,6 +176,11 @@ class Sampler:
                         break
 
 
+def running_sampler_threads() -> int:
+    """How many sampler threads this process runs now: counted, not assumed (the server reports it)."""
+    return sum(t.name == THREAD_NAME for t in threading.enumerate())
+
+
 def check_interval(interval: float) -> None:
     if not math.isfinite(interval) or interval < MIN_INTERVAL:
         raise ValueError(

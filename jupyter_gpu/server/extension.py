@@ -17,7 +17,7 @@ from tornado.ioloop import PeriodicCallback
 
 from jupyter_gpu.metrics.backends.base import BACKEND_ENV
 from jupyter_gpu.metrics.hub import hub_for_spec
-from jupyter_gpu.metrics.sampler import THREAD_NAME
+from jupyter_gpu.metrics.sampler import running_sampler_threads
 from jupyter_gpu.server.config import JupyterGpu
 from jupyter_gpu.server.handlers import setup_handlers
 from jupyter_gpu.server.kernels import BusyTracker, snapshot_kernels
@@ -80,5 +80,5 @@ class GpuPanelExtension(ExtensionApp):
             return
         self.running.stop()
         self.running = None
-        left = sum(t.name == THREAD_NAME for t in threading.enumerate())
+        left = running_sampler_threads()
         self.log.info("jupyter-gpu: stopped the GPU sampler and the kernel refresh (%d sampler threads left)", left)

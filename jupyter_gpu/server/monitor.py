@@ -23,7 +23,7 @@ from typing import Any
 from jupyter_gpu.metrics.alerts import Alert, KernelView, idle_during_cell_alerts, sample_alerts
 from jupyter_gpu.metrics.hub import Lease, SamplerHub
 from jupyter_gpu.metrics.sample import Sample
-from jupyter_gpu.metrics.sampler import THREAD_NAME
+from jupyter_gpu.metrics.sampler import running_sampler_threads
 from jupyter_gpu.server import prometheus
 from jupyter_gpu.server.attribution import Holder, attribute
 from jupyter_gpu.server.kernels import KernelInfo
@@ -175,7 +175,7 @@ class GpuMonitor:
             "api_version": API_VERSION,
             "interval": self.interval,
             # Counted, not assumed: the load bench and the tests check it stays 1 whatever the clients.
-            "sampler_threads": sum(t.name == THREAD_NAME for t in threading.enumerate()),
+            "sampler_threads": running_sampler_threads(),
             "backend": sample.backend if sample else None,
             "simulated": sample.simulated if sample else None,
         }

@@ -8,12 +8,9 @@ import sys
 
 # In a fresh process: the server, its extension manager and the shutdown path are jupyter_server's own.
 SCRIPT = """
-import asyncio, threading, time
+import asyncio, time
 from jupyter_server.serverapp import ServerApp
-from jupyter_gpu.metrics.sampler import THREAD_NAME
-
-def samplers():
-    return sum(t.name == THREAD_NAME for t in threading.enumerate())
+from jupyter_gpu.metrics.sampler import running_sampler_threads as samplers
 
 app = ServerApp()
 app.initialize(argv=["--ServerApp.port=0", "--allow-root", "--ServerApp.reraise_server_extension_failures=True",
