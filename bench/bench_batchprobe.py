@@ -3,36 +3,60 @@
 On the same training steps and the same limits, in one process, one tool after the other:
 
 1. `%batchprobe`'s engine, `probe_batch_size` (default margin 0.1): its `max_batch_size` and `recommended`,
-   with the count of search trials and of all trials (search + verify + recommend).
+   with the count of search trials and of all trials (search + verify + recommend), and the path its search took
+   (batch size, fitted, `Trial.how` of every trial).
 2. Lightning `Tuner(trainer).scale_batch_size(mode="power")` and `mode="binsearch"`, with `init_val=2`,
    `steps_per_trial=2` and `max_val=65536` to match the probe (the step runs under manual optimisation, so
    forward, backward and optimizer step all happen inside `training_step`).
 3. accelerate `find_executable_batch_size(starting_batch_size=S)`, S the next power of two >= 2x the true limit,
    as users start it: above the limit, from where it only shrinks (x0.9 per out-of-memory error).
 
-The steps (each a real CPU torch training step: forward, backward, Adam step):
+The steps (`--models`, comma-separated; each a real CPU torch training step built here from its definition with
+random weights, nothing downloaded: `opt.zero_grad()`, forward on random data of `batch_size` samples,
+cross-entropy, backward, `opt.step()`):
 
-a. allocating: an MLP whose activations grow with the batch, under a CPU memory budget (64 and 256 MiB). The
-   probe enforces its budget itself; the other tools' every call of the step runs inside a fresh
-   `TensorBudget(torch, "cpu", limit)`, so they get a `torch.OutOfMemoryError` at the same bytes as the probe.
-   Neither Lightning nor accelerate recognises the budget's own message ("CPU out of memory (jupyter-gpu
-   memory budget) ..."; checked and printed below), so for them it is re-raised with the wording a CUDA
-   allocator uses ("CUDA out of memory. ..."), which is what they would see on a GPU.
-b. OOM-only: raises `torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")` when the batch
-   size is above a hidden limit (48, 300, 1000) and allocates nothing that grows: no memory signal at all.
+a. `mlp`, allocating: an MLP 32->2048->10 with six activations, Adam, whose activations grow with the batch,
+   under a CPU memory budget (`--budgets`, MiB: 64 and 256).
+b. `oom-only`: raises `torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")` when the batch
+   size is above a hidden limit (`--hidden`: 48, 300, 1000) and allocates nothing that grows: no memory signal.
+c. `mlp-adam`, allocating: the model of the README's `%batchprobe` example (example_notebooks/03_batchprobe.ipynb):
+   64->256 (BatchNorm1d, ReLU) ->256 (ReLU) ->10, Adam lr 1e-3; budget 12 MiB.
+d. `resnet`, allocating: a CIFAR-style ResNet, a 3x3 stem and three stages of two basic residual blocks
+   (Conv2d 3x3 without bias + BatchNorm2d + ReLU, twice, plus the identity or a 1x1 conv + BatchNorm2d
+   shortcut), widths 8/16/32, strides 1/2/2, AdaptiveAvgPool2d + Linear to 10 classes; input 3x32x32, SGD lr 0.1
+   momentum 0.9; budget 128 MiB.
+e. `transformer`, allocating: an Embedding (vocabulary 256) plus learned positions, `nn.TransformerEncoder` of
+   2 layers (d_model 64, 4 heads, feed-forward 256, dropout 0.1, batch_first), a Linear head to the vocabulary,
+   sequence length 32, AdamW lr 1e-3, cross-entropy over every token; budget 192 MiB.
 
-"trials" counts the batch sizes each tool ran its step at, one per attempt (as Lightning counts); a size run
-again counts again. The true limit is found by brute force: an independent doubling and bisection, then every
-size in a window around it is run (the whole range 1..2^k for the cheap OOM-only step), and all sizes up to
-the limit must fit and all above it fail. Wall time of the other tools excludes the harness's own cost of
-creating a TensorBudget per call (a scan of gc.get_objects), which a GPU run would not have; it is printed.
+`--model-budgets mlp-adam=12,resnet=128,transformer=192` (MiB) changes the budgets of c-e; they are chosen so the
+true limit is in the hundreds to low thousands and one probe takes seconds on one core. For the allocating steps
+the probe enforces its budget itself; the other tools' every call of the step runs inside a fresh
+`TensorBudget(torch, "cpu", limit)`, so they get a `torch.OutOfMemoryError` at the same bytes as the probe.
+Neither Lightning nor accelerate recognises the budget's own message ("CPU out of memory (jupyter-gpu memory
+budget) ..."; checked and printed below), so for them it is re-raised with the wording a CUDA allocator uses
+("CUDA out of memory. ..."), which is what they would see on a GPU.
+
+Every tool gets its own copy of the step, built from seed 0 with one step at batch 2 already taken (so Adam's or
+the momentum's state exists and every tool starts from the same live bytes). "trials" counts the batch sizes each
+tool ran its step at, one per attempt (as Lightning counts); a size run again counts again. "search" trials are
+those that located the limit (for the other tools all of them). The true limit is found by brute force, each call
+on a freshly built copy (the same starting state every time): an independent doubling and bisection, then every
+size in a window around it is run (`--window`; the whole range 1..2^k for the cheap OOM-only step), and all sizes
+up to the limit must fit and all above it fail. The column "doubling+bisection" is, for `%batchprobe`, the number
+of trials a plain search that doubles from 2 and then bisects needs to find that exact limit: Lightning 2.6.6
+binsearch's own sequence without its final 5% trim, computed from the known limit (nothing run); the details
+say whether it equals the sizes Lightning binsearch really ran. Wall time of the other tools excludes the
+harness's own cost of creating a TensorBudget per call (a scan of gc.get_objects), which a GPU run would not
+have; it is printed.
 
 Lightning and accelerate are not dependencies of jupyter_gpu: they live in a separate venv.
 
     python3 -m venv .bench-venv
     .bench-venv/bin/pip install torch==2.13.0 lightning accelerate   # torch pinned: no CUDA torch pulled in
     .bench-venv/bin/pip install -e .
-    .bench-venv/bin/python bench/bench_batchprobe.py [--budgets 64,256] [--hidden 48,300,1000] [--window 16]
+    .bench-venv/bin/python bench/bench_batchprobe.py [--models mlp,oom-only,mlp-adam,resnet,transformer]
+        [--budgets 64,256] [--hidden 48,300,1000] [--model-budgets mlp-adam=12,...] [--window 16]
 
 Without lightning or accelerate installed it says so and runs the rest.
 """
@@ -47,6 +71,7 @@ import math
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,29 +87,146 @@ MiB = 2**20
 START = 2
 STEPS = 2
 MAXIMUM = 65536
-WIDTH = 2048  # the MLP's hidden width: ~47 KiB of activations per sample, few parameters
+WIDTH = 2048  # the `mlp` step's hidden width: ~47 KiB of activations per sample, few parameters
 OOM_ONLY_MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB"
+LIGHTNING_MAX_TRIALS = 25  # scale_batch_size's default max_trials
+LIGHTNING_VALUE_CAP = 8192  # _adjust_batch_size's default max_val, which binsearch's failure branch leaves in place
+
+
+# -- the models -------------------------------------------------------------------------------------------------
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, ReLU, and the shortcut added before the last ReLU."""
+
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(outputs)
+        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(outputs)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+    """A CIFAR-style ResNet: 3x3 stem, stages of two basic blocks (the first of each later stage strides 2), head."""
+
+    def __init__(self, widths: tuple[int, ...] = (8, 16, 32), classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]),
+                                  nn.ReLU(inplace=True))
+        blocks = []
+        inputs = widths[0]
+        for stage, width in enumerate(widths):
+            for block in range(2):
+                blocks.append(BasicBlock(inputs, width, 2 if stage > 0 and block == 0 else 1))
+                inputs = width
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(inputs, classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(self.blocks(self.stem(images))).flatten(1))
+
+
+VOCABULARY, SEQUENCE = 256, 32
+
+
+class TinyTransformer(nn.Module):
+    """Token and learned position embeddings, a 2-layer TransformerEncoder, and a linear head to the vocabulary."""
+
+    def __init__(self, d_model: int = 64, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, d_model)
+        self.position = nn.Parameter(torch.randn(SEQUENCE, d_model) * 0.02)
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=4 * d_model, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, VOCABULARY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens) + self.position))
+
+
+def _classes(inputs: tuple[int, ...]) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    return lambda rows: (torch.randn(rows, *inputs), torch.randint(0, 10, (rows,)))
+
+
+def _tokens(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.randint(0, VOCABULARY, (rows, SEQUENCE)), torch.randint(0, VOCABULARY, (rows, SEQUENCE)))
+
+
+def _token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One step: its model, optimizer, random data of a batch and loss."""
+
+    label: str  # the table's "step" column
+    build: Callable[[], nn.Module]
+    optimizer: Callable[[Any], torch.optim.Optimizer]
+    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy
+    budget_mib: int | None = None  # the default budget of the new allocating steps
+
+
+def _adam(parameters: Any) -> torch.optim.Optimizer:
+    return torch.optim.Adam(parameters, lr=1e-3)
+
+
+SPECS = {
+    "mlp": Spec("allocating MLP", lambda: nn.Sequential(
+        nn.Linear(32, WIDTH), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.Linear(WIDTH, 10)),
+        _adam, _classes((32,))),
+    "oom-only": Spec("OOM-only", lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)), _adam,
+                     _classes((32,))),
+    "mlp-adam": Spec("MLP + Adam (README)", lambda: nn.Sequential(
+        nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)),
+        _adam, _classes((64,)), budget_mib=12),
+    "resnet": Spec("ResNet-style CNN", ResNet, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                   _classes((3, 32, 32)), budget_mib=128),
+    "transformer": Spec("small transformer", TinyTransformer, lambda p: torch.optim.AdamW(p, lr=1e-3), _tokens,
+                        _token_loss, budget_mib=192),
+}
+
+
+# -- the harness ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Case:
-    step: str  # "allocating MLP" or "OOM-only"
+    model: str  # a key of SPECS
     limit: str  # how the table shows the limit
     budget_bytes: int | None = None  # allocating: the CPU memory budget
     hidden: int | None = None  # OOM-only: fails above this size
+
+    @property
+    def step(self) -> str:
+        return SPECS[self.model].label
 
 
 @dataclass
 class Row:
     tool: str
     returned: int | None
-    trials: str  # "5" or "4 search / 6 all"
-    trial_count: int  # what the ratio uses (all trials)
+    search_trials: int  # the trials that located the limit (all of them for the other tools)
+    all_trials: int  # every trial: search, verify, recommend
     seconds: float
     sizes: list[int] = field(default_factory=list)
     error: str | None = None
     harness_seconds: float = 0.0  # TensorBudget set-up, excluded from `seconds`
     baselines: tuple[int, int] | None = None  # min/max live tensor bytes when a budget was created
+    path: list[tuple[int, bool, str]] = field(default_factory=list)  # ours: (batch size, fitted, how) per trial
+    ours: bool = False
 
 
 class Harness:
@@ -123,26 +265,23 @@ class Harness:
 
 
 class Trainee:
-    """A model, its Adam optimizer (state already created) and one training step at a given batch size."""
+    """A model, its optimizer (state already created) and one training step at a given batch size."""
 
     def __init__(self, case: Case) -> None:
         torch.manual_seed(0)
         self.case = case
-        if case.hidden is None:
-            self.model = nn.Sequential(nn.Linear(32, WIDTH), nn.GELU(), nn.Tanh(), nn.SiLU(), nn.GELU(), nn.Tanh(),
-                                       nn.SiLU(), nn.Linear(WIDTH, 10))
-        else:
-            self.model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-3)
-        self.train(START)  # Adam's state exists before any tool starts: every tool sees the same live bytes
+        self.spec = SPECS[case.model]
+        self.model = self.spec.build()
+        self.model.train()
+        self.opt = self.spec.optimizer(self.model.parameters())
+        self.train(START)  # the optimizer's state exists before any tool starts: every tool sees the same live bytes
 
     def train(self, batch_size: int, opt: Any = None, backward: Callable[[Any], None] | None = None) -> None:
         opt = self.opt if opt is None else opt
         opt.zero_grad(set_to_none=True)
         rows = batch_size if self.case.hidden is None else 2  # OOM-only: nothing grows with the batch
-        x = torch.randn(rows, 32)
-        y = torch.randint(0, 10, (rows,))
-        loss = nn.functional.cross_entropy(self.model(x), y)
+        x, y = self.spec.batch(rows)
+        loss = self.spec.loss(self.model(x), y)
         if self.case.hidden is not None and batch_size > self.case.hidden:
             raise torch.OutOfMemoryError(OOM_ONLY_MESSAGE)
         (backward or _backward)(loss)
@@ -164,15 +303,32 @@ def _fits(trainee: Trainee, harness: Harness, size: int) -> bool:
     return True
 
 
-def true_limit(case: Case, window: int) -> tuple[int, int, str]:
-    """The largest size whose STEPS steps fit, by brute force: (limit, sizes run, how it was checked)."""
-    trainee = Trainee(case)
+@dataclass
+class Truth:
+    limit: int
+    runs: int
+    how: str
+    seconds: float
+    baselines: tuple[int, int] | None
+
+
+def true_limit(case: Case, window: int) -> Truth:
+    """The largest size whose STEPS steps fit, by brute force, every call on a freshly built step."""
     harness = Harness(case)
     runs = 0
+    started = time.perf_counter()
+    previous: list[weakref.ref] = []
 
     def fits(size: int) -> bool:
         nonlocal runs
         runs += 1
+        # The same starting state for every call, as every tool gets: weights, BatchNorm statistics, optimizer
+        # state and RNG from seed 0 and one step at START. The previous copy must be gone first, so the budget's
+        # baseline counts exactly one model and its optimizer state (reference counting frees it; if not, collect).
+        if any(ref() is not None for ref in previous):
+            gc.collect()
+        trainee = Trainee(case)
+        previous[:] = [weakref.ref(trainee.model), weakref.ref(trainee.opt)]
         return _fits(trainee, harness, size)
 
     size = START
@@ -191,7 +347,37 @@ def true_limit(case: Case, window: int) -> tuple[int, int, str]:
         raise RuntimeError(f"{case.step} {case.limit}: fitting is not monotone around {limit}: {wrong[:10]}")
     if case.hidden is not None and limit != case.hidden:
         raise RuntimeError(f"OOM-only step: found {limit}, hidden limit {case.hidden}")
-    return limit, runs, f"every size {first}..{last} run"
+    baselines = (min(harness.baselines), max(harness.baselines)) if harness.baselines else None
+    return Truth(limit, runs, f"every size {first}..{last} run", time.perf_counter() - started, baselines)
+
+
+def doubling_bisection(limit: int, start: int = START, maximum: int = MAXIMUM) -> tuple[list[int], int]:
+    """The sizes a plain doubling-then-bisection search runs when exactly the sizes up to `limit` fit, and its answer.
+
+    Computed, nothing run: Lightning 2.6.6 `_run_binsearch_scaling` step for step (its max_val checks, max_trials
+    and the 8192 cap its failure branch keeps) without the final 5% margin trim.
+    """
+    sizes: list[int] = []
+    low, high, size, fitted = 1, None, start, 0
+    while size < maximum:
+        sizes.append(size)
+        if size <= limit:
+            fitted += 1
+            if fitted >= LIGHTNING_MAX_TRIALS:
+                break
+            low = size
+            if high is not None:
+                if high - low <= 1:
+                    break
+                size = (high + low) // 2
+            else:
+                size = min(size * 2, maximum)
+        else:
+            high = size
+            size = min((high + low) // 2, LIGHTNING_VALUE_CAP)
+            if high - low <= 1:
+                break
+    return sizes, size
 
 
 def run_ours(case: Case) -> tuple[Row, Row]:
@@ -201,11 +387,12 @@ def run_ours(case: Case) -> tuple[Row, Row]:
     result = probe_batch_size(trainee.train, request, namespace={"model": trainee.model, "opt": trainee.opt})
     seconds = time.perf_counter() - started
     sizes = [t.batch_size for t in result.trials]
-    trials = f"{result.search_trials} search / {len(result.trials)} all"
-    best = Row("%batchprobe max_batch_size", result.max_batch_size, trials, len(result.trials), seconds, sizes,
-               baselines=(result.memory_before, result.memory_before))
-    recommended = Row(f"%batchprobe recommended (margin {request.margin})", result.recommended, trials,
-                      len(result.trials), seconds)
+    path = [(t.batch_size, t.fitted, getattr(t, "how", "") or t.purpose) for t in result.trials]
+    search = result.search_trials
+    best = Row("%batchprobe max_batch_size", result.max_batch_size, search, len(result.trials), seconds, sizes,
+               baselines=(result.memory_before, result.memory_before), path=path, ours=True)
+    recommended = Row(f"%batchprobe recommended (margin {request.margin})", result.recommended, search,
+                      len(result.trials), seconds, ours=True)
     return best, recommended
 
 
@@ -225,7 +412,7 @@ def _lightning_module_class() -> type:
     class Module(pl.LightningModule):
         def __init__(self, trainee: Trainee, harness: Harness) -> None:
             super().__init__()
-            self.automatic_optimization = False  # forward, backward and Adam's step all inside training_step
+            self.automatic_optimization = False  # forward, backward and the optimizer step all inside training_step
             self.trainee = trainee
             self.net = trainee.model
             self.harness = harness
@@ -289,15 +476,16 @@ def run_accelerate(case: Case, limit: int) -> Row:
 
 def _row(tool: str, returned: int | None, sizes: list[int], seconds: float, harness: Harness) -> Row:
     baselines = (min(harness.baselines), max(harness.baselines)) if harness.baselines else None
-    return Row(tool, returned, str(len(sizes)), len(sizes), seconds - harness.setup_seconds, sizes,
+    return Row(tool, returned, len(sizes), len(sizes), seconds - harness.setup_seconds, sizes,
                harness_seconds=harness.setup_seconds, baselines=baselines)
 
 
-def _guarded(tool: str, run: Callable[[], Row]) -> Row:
+def _guarded(tool: str, run: Callable[[], Row], ours: bool = False) -> Row:
     try:
         return run()
     except Exception as error:  # a tool that crashes gets a row saying so; the bench goes on
-        return Row(tool, None, "—", 0, 0.0, error=f"{type(error).__name__}: {str(error).splitlines()[0][:80]}")
+        return Row(tool, None, 0, 0, 0.0, error=f"{type(error).__name__}: {str(error).splitlines()[0][:80]}",
+                   ours=ours)
     finally:
         gc.collect()
 
@@ -314,38 +502,68 @@ def verdict(returned: int | None, limit: int) -> str:
     return f"NO: OOMs (+{returned - limit})"
 
 
-def print_table(results: list[tuple[Case, int, list[Row]]]) -> None:
-    print("| step | limit | true max | tool | returned | correct? | trials | wall s | trials vs ours | wall vs ours |")
-    print("|---|---|---:|---|---:|---|---:|---:|---:|---:|")
-    for case, limit, rows in results:
-        ours = rows[0]
+def _ratio(value: float, ours: float | None) -> str:
+    return f"{value / ours:.2f}x" if ours else "—"
+
+
+def print_table(results: list[tuple[Case, Truth, list[Row]]]) -> None:
+    print("| step | limit | true max | tool | returned | correct? | search trials | all trials | "
+          "doubling+bisection trials (computed) | wall s | search vs ours | all vs ours | wall vs ours |")
+    print("|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for case, truth, rows in results:
+        limit = truth.limit
+        ours = next((row for row in rows if row.ours and not row.error), None)
         for row in rows:
+            head = f"| {case.step} | {case.limit} | {limit} | {row.tool} |"
             if row.error:
-                print(f"| {case.step} | {case.limit} | {limit} | {row.tool} | error | {row.error} | | | | |")
+                print(f"{head} error | {row.error} | | | | | | | |")
                 continue
-            is_ours = row.tool.startswith("%batchprobe")
-            trial_ratio = "1" if is_ours else f"{row.trial_count / ours.trial_count:.2f}x"
-            wall_ratio = "1" if is_ours else f"{row.seconds / ours.seconds:.2f}x"
-            print(f"| {case.step} | {case.limit} | {limit} | {row.tool} | {row.returned} | "
-                  f"{verdict(row.returned, limit)} | {row.trials} | {row.seconds:.2f} | {trial_ratio} | {wall_ratio} |")
+            plain = str(len(doubling_bisection(limit)[0])) if row.ours and row is rows[0] else ""
+            if row.ours:
+                ratios = "1 | 1 | 1"
+            else:
+                ratios = (f"{_ratio(row.search_trials, ours and ours.search_trials)} | "
+                          f"{_ratio(row.all_trials, ours and ours.all_trials)} | "
+                          f"{_ratio(row.seconds, ours and ours.seconds)}")
+            print(f"{head} {row.returned} | {verdict(row.returned, limit)} | {row.search_trials} | {row.all_trials} | "
+                  f"{plain} | {row.seconds:.2f} | {ratios} |")
 
 
-def print_details(results: list[tuple[Case, int, list[Row]]], checks: dict[Case, str]) -> None:
+def _listed(items: list[str], most: int = 40) -> str:
+    return ", ".join(items) if len(items) <= most else ", ".join(items[:most]) + ", …"
+
+
+def print_details(results: list[tuple[Case, Truth, list[Row]]]) -> None:
     print("\nSizes each tool ran, in order (live tensor bytes when its budgets were created; harness time excluded):")
-    for case, limit, rows in results:
-        print(f"- {case.step}, {case.limit}: true max {limit} ({checks[case]})")
+    for case, truth, rows in results:
+        live = ""
+        if truth.baselines is not None:
+            low, high = truth.baselines
+            live = f"; live before {low:,}" + (f"-{high:,}" if high != low else "") + " B"
+        print(f"- {case.step}, {case.limit}: true max {truth.limit} ({truth.runs} brute-force runs, {truth.how}, "
+              f"{truth.seconds:.1f} s{live})")
+        plain, answer = doubling_bisection(truth.limit)
+        binsearch = next((row for row in rows if row.tool == "Lightning scale_batch_size(binsearch)" and row.sizes),
+                         None)
+        same = "" if binsearch is None else \
+            f"; the sizes Lightning binsearch ran: {'the same' if binsearch.sizes == plain else 'DIFFERENT'}"
+        ours = next((row for row in rows if row.ours and row.path), None)
+        mine = f"our {ours.search_trials} search trials vs " if ours else ""
+        print(f"    doubling then bisection from {START} (computed): {mine}{len(plain)} trials to find {answer}: "
+              f"{_listed([str(s) for s in plain])}{same}")
         for row in rows:
             if not row.sizes:
                 continue
-            shown = ", ".join(map(str, row.sizes)) if len(row.sizes) <= 40 else \
-                ", ".join(map(str, row.sizes[:40])) + ", …"
             extra = ""
             if row.baselines is not None and case.budget_bytes is not None:
                 low, high = row.baselines
                 extra += f"; live before {low:,}" + (f"-{high:,}" if high != low else "") + " B"
             if row.harness_seconds:
                 extra += f"; budget set-up {row.harness_seconds:.2f} s excluded"
-            print(f"    {row.tool}: {shown}{extra}")
+            print(f"    {row.tool}: {_listed([str(s) for s in row.sizes])}{extra}")
+            if row.path:
+                trials = [f"({size}, {'fits' if fitted else 'OOM'}, {how})" for size, fitted, how in row.path]
+                print(f"      its trials (batch size, fitted, how): {_listed(trials, 60)}")
 
 
 def recognition_check(lightning: bool, accelerate: bool) -> None:
@@ -369,14 +587,42 @@ def quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def build_cases(models: str, budgets: str, hidden: str, model_budgets: str) -> list[Case]:
+    chosen = [name.strip() for name in models.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in SPECS]
+    if unknown:
+        raise SystemExit(f"unknown --models {', '.join(unknown)}; choose from {', '.join(SPECS)}")
+    mib = {name: spec.budget_mib for name, spec in SPECS.items() if spec.budget_mib is not None}
+    for item in filter(None, (part.strip() for part in model_budgets.split(","))):
+        name, _, value = item.partition("=")
+        if name not in mib or not value:
+            raise SystemExit(f"--model-budgets: {item!r}; give NAME=MiB for {', '.join(mib)}")
+        mib[name] = int(value)
+    cases: list[Case] = []
+    for name in chosen:
+        if name == "mlp":
+            cases += [Case(name, f"{b} MiB budget", budget_bytes=int(b) * MiB) for b in budgets.split(",")]
+        elif name == "oom-only":
+            cases += [Case(name, f"hidden {h}", hidden=int(h)) for h in hidden.split(",")]
+        else:
+            cases.append(Case(name, f"{mib[name]} MiB budget", budget_bytes=mib[name] * MiB))
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budgets", default="64,256", help="CPU budgets in MiB for the allocating step")
-    parser.add_argument("--hidden", default="48,300,1000", help="hidden limits for the OOM-only step")
+    parser.add_argument("--models", default=",".join(SPECS),
+                        help=f"the steps to run, comma-separated, from {','.join(SPECS)} (default: all)")
+    parser.add_argument("--budgets", default="64,256", help="CPU budgets in MiB for the `mlp` step")
+    parser.add_argument("--hidden", default="48,300,1000", help="hidden limits for the `oom-only` step")
+    parser.add_argument("--model-budgets", default="",
+                        help="CPU budgets in MiB of the other allocating steps, e.g. resnet=128,transformer=192")
     parser.add_argument("--window", type=int, default=16, help="brute force: sizes run on each side of the limit")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: steady timings on a small shared machine)")
     args = parser.parse_args()
+    cases = build_cases(args.models, args.budgets, args.hidden, args.model_budgets)
+    begun = time.perf_counter()
     torch.set_num_threads(args.threads)
     has_lightning = importlib.util.find_spec("lightning") is not None
     has_accelerate = importlib.util.find_spec("accelerate") is not None
@@ -397,34 +643,40 @@ def main() -> None:
     print(", ".join(versions) + f", {torch.get_num_threads()} torch thread(s)\n")
     recognition_check(has_lightning, has_accelerate)
 
-    cases = [Case("allocating MLP", f"{b} MiB budget", budget_bytes=int(b) * MiB) for b in args.budgets.split(",")]
-    cases += [Case("OOM-only", f"hidden {h}", hidden=int(h)) for h in args.hidden.split(",")]
-    results: list[tuple[Case, int, list[Row]]] = []
-    checks: dict[Case, str] = {}
+    results: list[tuple[Case, Truth, list[Row]]] = []
     for case in cases:
-        limit, runs, how = true_limit(case, args.window)
-        checks[case] = f"{runs} brute-force runs, {how}"
+        case_started = time.perf_counter()
+        truth = true_limit(case, args.window)
         gc.collect()
-        rows = list(run_ours(case))
+        rows: list[Row] = []
+        try:
+            rows += list(run_ours(case))
+        except Exception as error:  # our engine is being changed: a crash is a row, the bench goes on
+            rows.append(Row("%batchprobe max_batch_size", None, 0, 0, 0.0, ours=True,
+                            error=f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"))
         gc.collect()
         if has_lightning:
             for mode in ("power", "binsearch"):
                 rows.append(_guarded(f"Lightning scale_batch_size({mode})", lambda m=mode, c=case: run_lightning(c, m)))
         if has_accelerate:
             rows.append(_guarded("accelerate find_executable_batch_size",
-                                 lambda c=case, limit=limit: run_accelerate(c, limit)))
-        results.append((case, limit, rows))
-        print(f"done: {case.step}, {case.limit} (true max {limit})", flush=True)
+                                 lambda c=case, limit=truth.limit: run_accelerate(c, limit)))
+        results.append((case, truth, rows))
+        print(f"done: {case.step}, {case.limit} (true max {truth.limit}; brute force {truth.seconds:.1f} s, "
+              f"case {time.perf_counter() - case_started:.1f} s)", flush=True)
     print()
     print_table(results)
-    print_details(results, checks)
+    print_details(results)
     print("\nHow to read the returned sizes:")
     print("- %batchprobe max_batch_size is the largest size that ran (re-run after the last failure); "
           "`recommended` keeps 10% of the budget free and was run too.")
     print("- Lightning power returns the last power of two that fitted; binsearch returns the largest size that "
           "fitted times (1 - margin 0.05), a size it never ran.")
     print("- accelerate returns what ran last: the first size of start, start*0.9, start*0.81, ... that fitted.")
-    print("- trials vs ours: the tool's trials / %batchprobe's all trials; wall vs ours: its seconds / ours.")
+    print("- search/all vs ours: the tool's trials / %batchprobe's search / all trials; wall vs ours: its seconds / "
+          "ours. doubling+bisection: the trials a plain doubling-from-2-then-bisection search needs for the exact "
+          "limit (Lightning binsearch's sequence without its 5% trim), computed from the true limit.")
+    print(f"\nWhole run: {time.perf_counter() - begun:.1f} s")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,15 @@ def format_count(count: int) -> str:
     return f"{count:,}"
 
 
+def format_rate(rate: float | None) -> str:
+    """Samples per second: `52,000,000`, `1,234`, `12.3`, `0.412`; a slow rate never shows as "0"."""
+    if rate is None:
+        return "n/a"
+    if rate == 0 or abs(rate) >= 100:
+        return f"{rate:,.0f}"
+    return _significant(rate, 3)
+
+
 def _significant(value: float, digits: int) -> str:
     # 123 -> "123", 12.3 -> "12.3", 1.23 -> "1.23": the same precision whatever the unit.
     whole = len(str(int(abs(value)))) if abs(value) >= 1 else 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,18 @@ class BudgetError(RuntimeError):
 class Peak:
     bytes: int  # what the search compares with the budget
     allocated_bytes: int | None = None  # CUDA: allocated peak (the reserved peak is `bytes`)
+    # Live bytes right after each allocation the trial made, in order (None: the budget cannot see allocations).
+    # Two trials of the same step make the same allocations, so the curves line up event by event.
+    curve: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One call of the step: what was live before and after it, and its own peak (all in the budget's bytes)."""
+
+    before: int
+    peak: int
+    after: int
 
 
 class Budget(Protocol):
@@ -43,6 +56,12 @@ class Budget(Protocol):
     source: str
 
     def trial(self) -> AbstractContextManager[Any]: ...
+    def exclude(self, tensors: Iterable[Any]) -> None: ...
+    def end_trial(self) -> None: ...
+    def refused_at(self) -> int | None: ...
+    def leftovers(self) -> dict[int, int]: ...
+    def begin_step(self) -> None: ...
+    def end_step(self) -> StepMemory: ...
     def peak(self) -> Peak: ...
     def in_use(self) -> int: ...
     def release_cache(self) -> None: ...
@@ -50,11 +69,19 @@ class Budget(Protocol):
     def close(self) -> None: ...
 
 
+# A storage's origin: it existed before the first trial (or was put back by a restore), or trial n made it.
+BEFORE_TRIALS = -1
+
+
 class StorageCounter:
     """Counts the storages live tensors hold on one device type; raises torch's OutOfMemoryError past a limit.
 
     Storages are counted when an operator creates them (inside `trial()`) or when `track` is given one that
     already exists, and drop out through a weak reference to the storage when they are freed.
+
+    A storage an earlier trial made that is still alive when a trial starts (a forward hook or a global that
+    keeps the last output) is *inherited*: it is left out of what the trial is charged, because training at
+    this size would hold its own copy instead, which the trial does count once it makes it.
     """
 
     def __init__(self, torch: Any, device_type: str, limit_bytes: int | None = None, baseline: int = 0) -> None:
@@ -64,27 +91,99 @@ class StorageCounter:
         self.baseline = baseline
         self.devices_seen: set[str] = set()
         self.live = baseline
+        self.inherited = 0  # bytes of storages earlier trials made that are still alive
         self.peak_bytes = baseline
-        self._storages: dict[int, weakref.ref] = {}
+        self._trial_number = 0
+        # id(storage) -> (weak reference, bytes, origin: BEFORE_TRIALS or the trial that made it)
+        self._storages: dict[int, tuple[weakref.ref, int, int]] = {}
+        self._inherited_keys: set[int] = set()
+        self._excluded: dict[int, weakref.ref] = {}
+        self._curve: list[int] = []
+        self._step_before = self._step_peak = baseline
+        self._refused_at = None
+
+    @property
+    def charged(self) -> int:
+        """What the running trial is charged: live bytes less what it inherited."""
+        return self.live - self.inherited
 
     def trial(self) -> AbstractContextManager[Any]:
-        self.peak_bytes = self.live
+        self.start_trial()
         return handler_mode(self._run)
+
+    def start_trial(self) -> None:
+        """A new trial: what earlier trials left alive is inherited; the peaks and the curve start again."""
+        self._trial_number += 1
+        self._inherited_keys = {key for key, (_, _, origin) in self._storages.items()
+                                if origin != BEFORE_TRIALS and origin < self._trial_number}
+        self.inherited = sum(self._storages[key][1] for key in self._inherited_keys)
+        self.peak_bytes = self._step_before = self._step_peak = self.charged
+        self._curve = []
+        self._refused_at: int | None = None
+
+    def refused_at(self) -> int | None:
+        """What the trial would have held had the budget let its last allocation through (None: not refused)."""
+        return self._refused_at
+
+    def scan(self, origin: int | None = None) -> None:
+        """Track every live storage on the device not tracked yet, as made by `origin` (default: before trials).
+
+        Storages made outside any operator the dispatch mode saw (a restore making a gradient again from its
+        host copy, or any CUDA work when only the allocator counts) get their origin this way.
+        """
+        origin = BEFORE_TRIALS if origin is None else origin
+        for storage in live_storages(self._torch, self.device):
+            if id(storage) not in self._excluded or self._excluded[id(storage)]() is not storage:
+                self._add(storage, origin)
+
+    def exclude(self, tensors: Iterable[Any]) -> None:
+        """Never count these tensors' storages: the probe's own host copies of the training state."""
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            self._excluded[id(storage)] = weakref.ref(storage)
+
+    @property
+    def trial_number(self) -> int:
+        return self._trial_number
+
+    def leftovers(self) -> dict[int, int]:
+        """data_ptr -> bytes of the live storages that trials made (asked between trials, after the restore)."""
+        found = {}
+        for ref, size, origin in list(self._storages.values()):
+            storage = ref()
+            if origin != BEFORE_TRIALS and storage is not None:
+                found[storage.data_ptr()] = size
+        return found
 
     def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         out = func(*args, **kwargs)
         self.record(func, out)
         return out
 
+    def begin_step(self) -> None:
+        self._step_before = self._step_peak = self.charged
+
+    def end_step(self) -> StepMemory:
+        return StepMemory(before=self._step_before, peak=self._step_peak, after=self.charged)
+
     def peak(self) -> Peak:
-        return Peak(self.peak_bytes)
+        return Peak(self.peak_bytes, curve=tuple(self._curve))
 
     def close(self) -> None:
         self._storages.clear()  # the weak-reference callbacks must not outlive the probe
 
     def track(self, tensor: Any) -> None:
         """Count a storage that exists before the trial (a swapped-in parameter, gradient or state)."""
-        self._add(tensor.untyped_storage())
+        self._add(tensor.untyped_storage(), BEFORE_TRIALS)
+
+    def leftover_storages(self) -> dict[int, int]:
+        """data_ptr -> bytes of the live storages a trial made (called between trials, after the restore)."""
+        found = {}
+        for ref, size, origin in self._storages.values():
+            storage = ref()
+            if origin != BEFORE_TRIALS and storage is not None:
+                found[storage.data_ptr()] = size
+        return found
 
     # Called by the dispatch mode for every operator's outputs.
     def record(self, func: Any, out: Any) -> None:
@@ -103,33 +202,42 @@ class StorageCounter:
                 storage = tensor.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):
                 continue  # sparse and some subclass tensors have no plain storage to measure
-            size = self._add(storage)
-            if size and self.limit_bytes is not None and self.live > self.limit_bytes:
-                raise self._torch.OutOfMemoryError(
-                    budget_message(self.device.upper(), size, self.live - size, self.limit_bytes))
+            size = self._add(storage, self._trial_number)
+            if size:
+                charged = self.charged
+                self._curve.append(charged)
+                if self.limit_bytes is not None and charged > self.limit_bytes:
+                    self._refused_at = charged
+                    raise self._torch.OutOfMemoryError(
+                        budget_message(self.device.upper(), size, charged - size, self.limit_bytes))
 
-    def _add(self, storage: Any) -> int:
+    def _add(self, storage: Any, origin: int) -> int:
         """Count a storage once (tied parameters, views of one buffer); returns the bytes added."""
         key = id(storage)
-        if key in self._storages and self._storages[key]() is storage:
+        if key in self._storages and self._storages[key][0]() is storage:
             return 0
         size = storage.nbytes()
-        self._storages[key] = weakref.ref(storage, self._freed(key, size))
+        self._storages[key] = (weakref.ref(storage, self._freed(key, size)), size, origin)
         self.live += size
-        self.peak_bytes = max(self.peak_bytes, self.live)
+        charged = self.charged
+        self.peak_bytes = max(self.peak_bytes, charged)
+        self._step_peak = max(self._step_peak, charged)
         return size
 
     def _freed(self, key: int, size: int) -> Any:
         def freed(_: Any) -> None:
             self.live -= size
+            if key in self._inherited_keys:
+                self._inherited_keys.discard(key)
+                self.inherited -= size
             self._storages.pop(key, None)
         return freed
-
-
 class TensorBudget(StorageCounter):
     """The memory budget on the CPU (or any device without allocator statistics), counted from live tensors.
 
-    The baseline is every tensor already alive on the device: the budget is absolute, as on a real card.
+    The baseline is every tensor already alive on the device: the budget is absolute, as on a real card. Each
+    trial starts by counting every live storage one by one, so one that dies during the trial (a gradient left
+    by an earlier step, freed by the step's own `zero_grad()`) gives its bytes back.
     """
 
     accounting = "live tensor bytes"
@@ -145,8 +253,17 @@ class TensorBudget(StorageCounter):
             self.source = f"free {device_type.upper()} memory"
         else:
             self.source = "--max-memory"
-        super().__init__(torch, device_type, limit_bytes, baseline)
+        super().__init__(torch, device_type, limit_bytes, 0)
+        self.baseline = baseline
         self.limit_bytes: int = limit_bytes
+        self.scan()
+
+    def trial(self) -> AbstractContextManager[Any]:
+        self.scan()
+        return super().trial()
+
+    def end_trial(self) -> None:
+        return None  # the dispatch mode saw every storage the trial made
 
     def in_use(self) -> int:
         return live_tensor_bytes(self._torch, self.device)
@@ -182,15 +299,52 @@ class AllocatorBudget:
             self.source = "--max-memory"
             self._previous_fraction = self._cuda.get_per_process_memory_fraction(index)
             self._cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), index)
+        # Only to tell which CUDA storages trials left alive: the allocator, not this count, is the budget.
+        self._ledger = StorageCounter(torch, "cuda")
+        self._trial_peak = Peak(0, 0)
+        self._step_before = 0
 
     def trial(self) -> AbstractContextManager[Any]:
         from contextlib import nullcontext
 
+        self._ledger.scan()
+        self._ledger.start_trial()
         self._cuda.reset_peak_memory_stats(self._index)
+        self._trial_peak = Peak(0, 0)
         return nullcontext()
 
+    def end_trial(self) -> None:
+        # Before the restore: what is live now and new was made by this trial (or is its optimizer state).
+        self._ledger.scan(self._ledger.trial_number)
+
+    def begin_step(self) -> None:
+        self._fold_peak()
+        self._cuda.reset_peak_memory_stats(self._index)
+        self._step_before = self._cuda.memory_allocated(self._index)
+
+    def end_step(self) -> StepMemory:
+        step_peak = self._cuda.max_memory_reserved(self._index)
+        return StepMemory(before=self._step_before, peak=step_peak, after=self._cuda.memory_allocated(self._index))
+
     def peak(self) -> Peak:
-        return Peak(self._cuda.max_memory_reserved(self._index), self._cuda.max_memory_allocated(self._index))
+        self._fold_peak()
+        return self._trial_peak
+
+    def _fold_peak(self) -> None:
+        # The statistics are reset per step; the trial's peak is the largest of its steps'.
+        reserved = self._cuda.max_memory_reserved(self._index)
+        allocated = self._cuda.max_memory_allocated(self._index)
+        self._trial_peak = Peak(max(self._trial_peak.bytes, reserved),
+                                max(self._trial_peak.allocated_bytes or 0, allocated))
+
+    def leftovers(self) -> dict[int, int]:
+        return self._ledger.leftovers()
+
+    def refused_at(self) -> int | None:
+        return None  # the allocator's error says what it tried to allocate, not what the step held then
+
+    def exclude(self, tensors: Iterable[Any]) -> None:
+        self._ledger.exclude(tensors)
 
     def in_use(self) -> int:
         return self._cuda.memory_allocated(self._index)
@@ -202,18 +356,23 @@ class AllocatorBudget:
         self._cuda.synchronize(self._index)
 
     def close(self) -> None:
+        self._ledger.close()
         if self._previous_fraction is not None:
             self._cuda.set_per_process_memory_fraction(self._previous_fraction, self._index)
             self._previous_fraction = None
 
 
 def live_tensor_bytes(torch: Any, device_type: str) -> int:
-    """Bytes held by every tensor storage on `device_type` that Python can reach, each storage once.
+    """Bytes held by every tensor storage on `device_type` that Python can reach, each storage once."""
+    return sum(storage.nbytes() for storage in live_storages(torch, device_type))
+
+
+def live_storages(torch: Any, device_type: str) -> Iterator[Any]:
+    """Every tensor storage on `device_type` that Python can reach, each once (empty ones left out).
 
     Gradients are reached through their parameters: a `.grad` may have no Python object of its own.
     """
     seen: set[int] = set()
-    total = 0
     tensor_type = torch.Tensor
     for obj in gc.get_objects():
         # type(), not isinstance(): isinstance reads `__class__`, which some lazy module proxies warn about.
@@ -229,8 +388,7 @@ def live_tensor_bytes(torch: Any, device_type: str) -> int:
                 continue
             if pointer and pointer not in seen:
                 seen.add(pointer)
-                total += storage.nbytes()
-    return total
+                yield storage
 
 
 def _is_fake(tensor: Any) -> bool:

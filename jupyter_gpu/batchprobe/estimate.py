@@ -22,9 +22,15 @@ backward can see it. torch is imported inside functions only.
 from __future__ import annotations
 
 import copy
+import linecache
+import os
+import sys
+import sysconfig
 import time
+import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
@@ -47,6 +53,8 @@ PREDICTION_ROUNDS = 3
 # While the peak does not grow with the batch (small sizes can peak in optimizer.step), the first points
 # double the size at most this many extra times looking for the per-sample growth.
 GROWTH_DOUBLINGS = 4
+# A source line quoted in a refusal is cut here: the place is what matters, not a long expression.
+QUOTED_LINE_CHARS = 120
 
 
 class EstimateError(RuntimeError):
@@ -356,25 +364,102 @@ def _device_message(device_type: str) -> str:
 
 
 def _failure_message(error: BaseException) -> str:
+    import torch
     from torch._subclasses import fake_tensor
 
-    reads = {
-        fake_tensor.DataDependentOutputException: ".item(), float(), bool() or an `if` on a tensor",
-        fake_tensor.DynamicOutputShapeException: "an output shape that depends on values, such as nonzero() "
-                                                 "or boolean-mask indexing",
-    }
-    detail = next((text for kind, text in reads.items() if isinstance(error, kind)), None)
-    if detail is None and "numpy() is not supported for tensor subclasses" in str(error):
-        detail = ".numpy()"
-    unsupported = (fake_tensor.UnsupportedOperatorException, fake_tensor.UnsupportedFakeTensorException)
-    if detail is None and isinstance(error, unsupported):
+    frames = list(traceback.walk_tb(error.__traceback__))
+    user = _innermost_user_frame(torch, frames)
+    # The frames below the user's line are torch's: one in torch.utils.data means a DataLoader did the read.
+    loader = next((frame for frame, _ in reversed(frames[user + 1 if user is not None else 0:])
+                   if _in_torch(torch, frame.f_code.co_filename, "utils", "data")), None)
+    place = f" at {_place(*frames[user])}" if user is not None else ""
+    read = _reading_operation(error, fake_tensor, frames)
+    detail = None
+    if read is not None and loader is not None:  # torch's own .item() is not the user's to change: the loader is
+        detail = f"a DataLoader iteration: {loader.f_code.co_qualname} in torch.utils.data asks for {read[0]}"
+    elif read is not None:
+        detail = f"{read[0]}: {read[1]}"
+    elif isinstance(error, (fake_tensor.UnsupportedOperatorException, fake_tensor.UnsupportedFakeTensorException)):
         detail = f"an operator fake tensors do not support: {error}"
     if detail is not None:
-        return (f"--estimate cannot run this step with fake tensors: it reads tensor values ({detail}). "
+        return (f"--estimate cannot run this step with fake tensors: it reads tensor values ({detail}){place}. "
                 "Run the real probe with --max-memory instead.")
     first_line = (str(error).strip().splitlines() or [""])[0][:200]
-    return (f"--estimate: the step raised {type(error).__name__} on fake tensors ({first_line}); "
+    return (f"--estimate: the step raised {type(error).__name__} on fake tensors ({first_line}){place}; "
             "if it runs for real, use the real probe with --max-memory instead.")
+
+
+def _reading_operation(error: BaseException, fake_tensor: Any, frames: list[tuple[Any, int]]
+                       ) -> tuple[str, str] | None:
+    """What was read and the code that reads it that way, from the error the fake mode raised (None: not a
+    read): ("a tensor's value as a Python number", ".item(), int(), ...")."""
+    operator = getattr(error, "func", None)
+    name = str(operator)  # "aten.nonzero.default"
+    if isinstance(error, fake_tensor.DataDependentOutputException):
+        if "_local_scalar_dense" not in name:
+            return "a tensor's values", name
+        # .tolist() makes one Python number per element; FakeTensor.tolist is the frame that asks for them.
+        if any(frame.f_code.co_name == "tolist" for frame, _ in frames):
+            return "a tensor's values as Python numbers", ".tolist()"
+        return "a tensor's value as a Python number", ".item(), int(), float(), bool() or an `if` on a tensor"
+    if isinstance(error, fake_tensor.DynamicOutputShapeException):
+        return "an output shape that depends on values", f"{name}, as in nonzero(), boolean-mask indexing or unique()"
+    if "numpy() is not supported for tensor subclasses" in str(error):
+        return "a tensor's values as a NumPy array", ".numpy()"
+    return None
+
+
+def _innermost_user_frame(torch: Any, frames: list[tuple[Any, int]]) -> int | None:
+    """The index of the innermost frame that is neither torch, nor the standard library, nor an installed
+    package, nor this package (whose frames run the step): the user's own line that led to the error."""
+    for index in range(len(frames) - 1, -1, -1):
+        filename = frames[index][0].f_code.co_filename
+        if not (_in_torch(torch, filename) or _is_library(filename)):
+            return index
+    return None
+
+
+def _in_torch(torch: Any, filename: str, *folders: str) -> bool:
+    """Whether a code file is inside the torch package (in its subfolder `folders` when given)."""
+    root = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), *folders, "")
+    return not filename.startswith("<") and os.path.realpath(filename).startswith(root)
+
+
+def _is_library(filename: str) -> bool:
+    """Standard library, installed packages and this package: code whose lines are not the user's."""
+    if filename.startswith("<"):  # "<ipython-input-3-...>" and exec'd strings are the user's; importlib is not
+        return filename.startswith("<frozen ")
+    path = os.path.realpath(filename)
+    # By path component, not only by the stdlib root: site-packages often lies inside it (/usr/local/lib/pythonX).
+    return bool({"site-packages", "dist-packages"} & set(path.split(os.sep))) or path.startswith(_library_roots())
+
+
+@cache
+def _library_roots() -> tuple[str, ...]:
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # jupyter_gpu/, which runs the step
+    stdlib = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
+    return tuple(os.path.join(os.path.realpath(root), "") for root in {package, *stdlib})
+
+
+def _place(frame: Any, lineno: int) -> str:
+    """The line as IPython's tracebacks name it, with its text: "Cell In[3], line 4, in step: `...`"."""
+    filename = frame.f_code.co_filename
+    text = linecache.getline(filename, lineno, frame.f_globals).strip()
+    if len(text) > QUOTED_LINE_CHARS:
+        text = text[:QUOTED_LINE_CHARS - 3] + "..."
+    where = f"{_code_name(filename)}, line {lineno}, in {frame.f_code.co_name}"
+    return f"{where}: `{text}`" if text else where
+
+
+def _code_name(filename: str) -> str:
+    """A notebook cell as IPython names it, "Cell In[3]" (its file is /tmp/ipykernel_*/....py or
+    <ipython-input-3-...>); else the file's name."""
+    ipython = sys.modules.get("IPython")  # not imported: when IPython is not loaded, there is no cell to name
+    shell = ipython.get_ipython() if ipython is not None else None
+    label = getattr(getattr(shell, "compile", None), "format_code_name", lambda name: None)(filename)
+    if label is not None:
+        return " ".join(label)
+    return os.path.basename(filename) or filename
 
 
 def _object_notes(objects: TrainingObjects) -> list[str]:

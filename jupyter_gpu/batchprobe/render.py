@@ -11,21 +11,43 @@ from typing import Any
 
 from jupyter_gpu.batchprobe.result import RECOMMEND, VERIFY, BatchProbeResult, Trial
 from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.units import format_bytes, format_rate, format_seconds
 
 BAR_WIDTH = 12
 
 
 def headline(result: BatchProbeResult) -> str:
+    if result.limited_by == "leak" and result.leak is not None:
+        leak = result.leak
+        return (f"batchprobe: the step leaks memory: {format_bytes(leak['bytes_per_call'])} more stays alive "
+                f"after every call at batch {leak['batch_size']}, so no batch size holds for long; "
+                "fix what it keeps between calls, then probe again")
+    if result.limited_by == "ignores batch_size":
+        fitted = sorted(t.batch_size for t in result.trials if t.fitted)
+        return (f"batchprobe: the step apparently ignores batch_size: peak memory and step time stayed flat "
+                f"from batch {fitted[0]} to {fitted[-1]} (the --max cap), so that cap is not a capacity; check "
+                "that it really uses batch_size samples (a dataset smaller than the batch, a fixed input)")
     if result.max_batch_size == 0:
-        return (f"batchprobe: no batch size fits: even {min(t.batch_size for t in result.trials)} runs out of "
-                f"the {format_bytes(result.budget_bytes)} budget" if result.trials else "batchprobe: no trial ran")
+        if not result.trials:
+            return "batchprobe: no trial ran"
+        start = min(t.batch_size for t in result.trials)
+        refused = next((t for t in result.trials if t.batch_size == start and not t.fitted), None)
+        needs = (f"needs more than {format_bytes(refused.needed_bytes)}"
+                 if refused is not None and refused.needed_bytes else "does not fit")
+        return (f"batchprobe: nothing fits at --start {start}: batch {start} {needs}, the budget is "
+                f"{format_bytes(result.budget_bytes)} with {format_bytes(result.memory_before)} in use before "
+                "the probe; smaller sizes are not tried (lower --start to try them)")
     text = f"batchprobe: max batch size {result.max_batch_size}"
     if result.limited_by == "--max":
         text += " (the --max cap, not memory)"
     elif result.limited_by == "size limit":
         text += f" ({result.max_batch_size + 1} hits a size limit, not memory)"
-    text += f" · recommended {result.recommended} ({result.margin:.0%} of the budget kept free)"
+    if result.recommended:
+        text += f" · recommended {result.recommended} ({result.margin:.0%} of the budget kept free)"
+    elif result.interrupted:
+        text += " · no recommendation (interrupted before it was tried)"
+    else:
+        text += " · no recommendation (the recommended size did not fit when tried)"
     if result.knee is not None:
         text += f" · throughput levels off at {result.knee}"
     return text
@@ -46,6 +68,12 @@ def summary_rows(result: BatchProbeResult) -> list[tuple[str, str]]:
                            + (f", autocast {result.amp}" if result.amp else "")
                            + f", {format_seconds(result.seconds)} in all"))
     rows.append(("memory", _memory_line(result)))
+    if result.baseline:
+        rows.append(("held before", _baseline_line(result)))
+    if result.leak is not None:
+        rows.append(("leak", _leak_line(result.leak)))
+    elif result.leftovers:
+        rows.append(("between calls", _leftover_line(result)))
     rows.append(("restored", f"{', '.join(result.restored)} exactly as before "
                              f"(host copies held during the probe: {format_bytes(result.snapshot_bytes)})"))
     return rows
@@ -67,7 +95,7 @@ def trial_rows(result: BatchProbeResult) -> list[tuple[str, ...]]:
         if trial.fitted:
             rate = trial.samples_per_second or 0.0
             rows.append((str(size), "✓", format_bytes(trial.peak_bytes), _bar(trial.peak_bytes, result.budget_bytes),
-                         format_seconds(trial.step_seconds), f"{rate:,.0f}", _bar(rate, best_rate), marks))
+                         format_seconds(trial.step_seconds), format_rate(rate), _bar(rate, best_rate), marks))
         else:
             rows.append((str(size), "✗", trial.failure or "failed", "", "", "", "", marks))
     return rows
@@ -96,6 +124,8 @@ def render_text(result: BatchProbeResult) -> str:
 
 def render_html(result: BatchProbeResult) -> str:
     colour = COLOUR["fail" if result.max_batch_size == 0 or result.interrupted else "ok"]
+    if result.limited_by in ("leak", "ignores batch_size"):
+        colour = COLOUR["warn"]
     cell = 'style="text-align:left;padding-right:1em"'
     parts = [
         '<div class="jupyter-gpu-batchprobe" style="font-family:var(--jp-ui-font-family,sans-serif);line-height:1.4">',
@@ -152,6 +182,47 @@ def _memory_line(result: BatchProbeResult) -> str:
     if leftover > 0:
         return text + f": {format_bytes(leftover)} more than before (something the step created is still referenced)"
     return text + ": back to the starting level"
+
+
+def _holder_text(holder: dict[str, Any]) -> str:
+    kind = "" if holder["kind"] == "tensors" else f" ({holder['kind']})"
+    count = f", {holder['tensors']} tensors" if holder["kind"] == "tensors" and holder["tensors"] > 1 else ""
+    graphs = ", with autograd graphs" if holder.get("graphs") else ""
+    return f"{holder['name']} {format_bytes(holder['bytes'])}{kind}{count}{graphs}"
+
+
+def _baseline_line(result: BatchProbeResult) -> str:
+    text = ", ".join(_holder_text(holder) for holder in result.baseline)
+    training = set(result.restored)
+    others = [h for h in result.baseline if h["name"] not in training and not h["name"].endswith(" gradients")]
+    if not others:
+        return text
+    largest = others[0]
+    if result.device == "cpu":
+        # The CPU budget stands in for a GPU: data a GPU run would keep on the host counts here, not there.
+        hint = (f"; if training keeps {largest['name']} on the host, it would not be on the GPU: give "
+                f"--max-memory {format_bytes(result.budget_bytes + largest['bytes'])} (the budget plus its "
+                "size) to leave it out")
+    else:
+        hint = (f"; if training does not need {largest['name']} on {result.device}, move it off "
+                f"({largest['name']} = {largest['name']}.cpu()) or del it before probing")
+    return text + hint
+
+
+def _leak_line(leak: dict[str, Any]) -> str:
+    holders = leak["holders"]
+    where = ("; it is held by " + ", ".join(_holder_text(h) for h in holders)) if holders else ""
+    return (f"{format_bytes(leak['bytes_per_call'])} per call at batch {leak['batch_size']}{where}. Keep numbers, "
+            "not tensors, across steps: losses.append(loss.item()), or out.detach() for a tensor")
+
+
+def _leftover_line(result: BatchProbeResult) -> str:
+    last = result.leftovers[-1]
+    names = ", ".join(_holder_text(h) for h in last["holders"]) or "something not reachable from the notebook"
+    return (f"something outside the step holds tensors between calls: {names} "
+            f"({format_bytes(last['bytes'])} after batch {last['batch_size']}); each trial is charged only "
+            "what it makes itself" + (" (on CUDA the allocator still counts it)" if result.device != "cpu"
+                                       and result.accounting != "live tensor bytes" else ""))
 
 
 def _notes(result: BatchProbeResult) -> list[str]:

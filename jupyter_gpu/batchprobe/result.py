@@ -29,6 +29,7 @@ class Trial:
     allocated_peak_bytes: int | None = None  # CUDA: the allocated (not reserved) peak
     steps_run: int = 0
     seconds: float = 0.0              # wall time of the whole trial, cleanup included
+    needed_bytes: int | None = None   # a trial the memory budget refused: what it would have held then
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +50,8 @@ class BatchProbeResult(RichResult):
     margin: float
     steps: int
     amp: str | None
-    limited_by: str                   # "memory", "size limit", "--max", "nothing fits"
+    limited_by: str                   # "memory", "size limit", "--max", "nothing fits", "leak",
+                                      # "ignores batch_size"
     memory_before: int                # bytes in use on the probed device before and after the probe
     memory_after: int
     restored: list[str]               # what was put back: "model", "opt", "RNG", …
@@ -58,6 +60,13 @@ class BatchProbeResult(RichResult):
     memory_model: tuple[float, float] | None = None  # peak ≈ intercept + per_sample·size, from the trials
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    # What held the device memory before the first trial, largest first: {"name", "kind", "bytes", ...}.
+    baseline: list[dict[str, Any]] = field(default_factory=list)
+    # What trials left alive after their restore (a hook or global keeping outputs): {"batch_size", "bytes",
+    # "holders": [...]}, one per batch size that left something.
+    leftovers: list[dict[str, Any]] = field(default_factory=list)
+    # A step that keeps more memory after every call: {"batch_size", "bytes_per_call", "holders": [...]}.
+    leak: dict[str, Any] | None = None
 
     @property
     def search_trials(self) -> int:
@@ -70,6 +79,10 @@ class BatchProbeResult(RichResult):
         return found[-1] if found else None
 
     def summary(self) -> str:
+        if self.limited_by == "leak":
+            return "the step leaks memory: no batch size measured"
+        if self.limited_by == "ignores batch_size":
+            return "the step apparently ignores batch_size: no batch size measured"
         if self.max_batch_size == 0:
             return f"no batch size fits in {self.budget_source}"
         return (f"max batch size {self.max_batch_size}, recommended {self.recommended} "

@@ -10,23 +10,44 @@ from __future__ import annotations
 
 import gc
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, TensorBudget
+from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, StepMemory, TensorBudget
+from jupyter_gpu.batchprobe.holders import Holder, memory_holders
 from jupyter_gpu.batchprobe.oom import FailureKind, classify, describe
 from jupyter_gpu.batchprobe.release import release_last_error
 from jupyter_gpu.batchprobe.result import AMP_DTYPES, RECOMMEND, SEARCH, VERIFY, BatchProbeResult, Trial
-from jupyter_gpu.batchprobe.search import BatchSizeSearch, Outcome, memory_line, recommended_size, throughput_knee
-from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
+from jupyter_gpu.batchprobe.search import (
+    BatchSizeSearch,
+    CurveModel,
+    Outcome,
+    flat_in_batch_size,
+    memory_line,
+    recommended_size,
+    throughput_knee,
+)
+from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
 
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
 # large only to say so would take minutes. The report says when this cap, not memory, was the limit.
 DEFAULT_MAX_BATCH = 65536
+
+# A step keeps memory between calls (a leak) when what is live after a call grew since the call before by at
+# least LEAK_FLOOR bytes and by enough to take 1% of the budget within LEAK_HORIZON calls (an epoch or so). A
+# scalar loss kept per call (`losses.append(loss.detach())`) is a few bytes and no reason to stop; a kept
+# output of a few KiB per call fills a card within a long run.
+LEAK_FLOOR = 1024
+LEAK_HORIZON = 1000
+# The progress line's elapsed time is refreshed this often while a trial runs (a large trial can take minutes).
+TICK_SECONDS = 1.0
+# The report names at most this many holders of the starting memory.
+BASELINE_HOLDERS = 4
 
 Progress = Callable[[str], None]
 
@@ -74,26 +95,32 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     request = request or ProbeRequest()
     started = time.perf_counter()
     release_last_error(shell)  # an OOM in an earlier cell may still hold its tensors
-    objects = find_training_objects(namespace or {}, step)
+    namespace = namespace or {}
+    objects = find_training_objects(namespace, step)
     budget = _budget_for(torch, request.max_memory, _device_of(objects.modules))
     notes: list[str] = []
     try:
         gc.collect()
         budget.release_cache()
         memory_before = budget.in_use()
+        baseline = _holders(torch, namespace, objects, budget)
         snapshot = StateSnapshot.take(objects)
-        runner = _Runner(torch, step, request, budget, snapshot, progress or _silent)
+        budget.exclude(snapshot.host_tensors())
+        runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
         try:
             runner.run()
             if runner.switch_to is not None:  # the first trial showed the work is on another device
                 budget.close()
                 budget = _budget_for(torch, request.max_memory, runner.switch_to)
+                budget.exclude(snapshot.host_tensors())
                 notes.append(f"The step put its tensors on {budget.device}: the probe started again there.")
                 budget.release_cache()
                 memory_before = budget.in_use()
-                runner = _Runner(torch, step, request, budget, snapshot, progress or _silent)
+                baseline = _holders(torch, namespace, objects, budget)
+                runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
                 runner.run()
         finally:
+            runner.ticker.stop()
             if not runner.broken:
                 snapshot.restore()
             (progress or _silent)("")
@@ -105,7 +132,12 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     finally:
         budget.close()
     return _result(runner, request, budget, [*objects.names(), "RNG"], notes, memory_before, memory_after,
-                   snapshot_bytes, time.perf_counter() - started)
+                   snapshot_bytes, time.perf_counter() - started, baseline)
+
+
+def _holders(torch: Any, namespace: dict[str, Any], objects: TrainingObjects, budget: Budget,
+             only: set[int] | None = None) -> list[Holder]:
+    return memory_holders(torch, namespace, objects, budget.device.split(":")[0], only=only)
 
 
 def _device_of(modules: list[Any]) -> Any:
@@ -134,32 +166,50 @@ def _silent(_: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class Leak:
+    """A step that keeps more memory after every call at the same size."""
+
+    batch_size: int
+    bytes_per_call: int
+    holders: list[Holder]
+
+
 class _Runner:
     """The trial loop for one budget."""
 
     def __init__(self, torch: Any, step: Callable[[int], Any], request: ProbeRequest, budget: Budget,
-                 snapshot: StateSnapshot, progress: Progress) -> None:
+                 snapshot: StateSnapshot, progress: Progress, namespace: dict[str, Any],
+                 objects: TrainingObjects) -> None:
         self.torch = torch
         self.step = step
         self.request = request
         self.budget = budget
         self.snapshot = snapshot
         self.progress = progress
+        self.namespace = namespace
+        self.objects = objects
         self.search = BatchSizeSearch(start=request.start, maximum=request.maximum,
-                                      budget_bytes=budget.limit_bytes)
+                                      budget_bytes=budget.limit_bytes, margin=request.margin)
         self.trials: list[Trial] = []
         self.recommended = 0
         self.interrupted = False
         self.broken = False
         self.switch_to: str | None = None
+        self.leak: Leak | None = None
+        # What trials left alive after the restore, by the batch size of the trial that made it.
+        self.leftovers: dict[int, list[Holder]] = {}
+        self.leftover_bytes: dict[int, int] = {}
+        self.step_times: dict[int, float] = {}
         self._started = time.perf_counter()
+        self.ticker = _Ticker(self._show)
 
     def run(self) -> None:
         try:
             while (size := self.search.next_size()) is not None:
                 how = self.search.last_step
                 self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
-                if self.switch_to is not None:
+                if self.switch_to is not None or self.leak is not None:
                     return
             self.recommended = self._recommend()
         except KeyboardInterrupt:
@@ -167,7 +217,9 @@ class _Runner:
 
     def _recommend(self) -> int:
         answer = self.search.answer
-        outcomes = self._outcomes()
+        if answer <= 0 or _ignores_batch_size(self.trials, self.search):
+            return 0
+        outcomes = self.search.outcomes
         size = recommended_size(outcomes, answer, self.budget.limit_bytes, self.request.margin)
         if size <= 0 or any(t.fitted and t.batch_size == size for t in self.trials):
             return size
@@ -177,23 +229,23 @@ class _Runner:
         smaller = [t.batch_size for t in self.trials if t.fitted and t.batch_size < size]
         return max(smaller, default=0)
 
-    def _outcomes(self) -> list[Outcome]:
-        return [Outcome(t.batch_size, t.fitted, t.peak_bytes if t.fitted else None) for t in self.trials]
-
     def _trial(self, size: int, purpose: str, how: str) -> Trial:
-        self._show(f"trial {len(self.trials) + 1}: batch {size} ({how}) …")
+        self._show(f"trial {len(self.trials) + 1}: batch {size} ({how}) …", ticking=True)
         self.snapshot.restore()
         started = time.perf_counter()
         times: list[float] = []
+        steps: list[StepMemory] = []
         failure = None
         try:
             with self.budget.trial(), self._autocast():
                 for _ in range(self.request.steps):
                     self.budget.synchronize()
+                    self.budget.begin_step()
                     step_started = time.perf_counter()
                     self.step(size)
                     self.budget.synchronize()
                     times.append(time.perf_counter() - step_started)
+                    steps.append(self.budget.end_step())
         except Exception as error:
             failure = classify(error)
             if failure is None:
@@ -202,8 +254,12 @@ class _Runner:
                 self.broken = True
                 raise StickyCudaError(f"%batchprobe stopped at batch size {size}: {describe(failure)}. "
                                       "The model's state could not be put back.") from error
+        finally:
+            self.ticker.pause()
         # Cleanup happens here, outside the except block: the exception and its frames are gone now.
         peak = self.budget.peak()
+        needed = self.budget.refused_at() if failure is not None else None
+        self.budget.end_trial()
         self.snapshot.restore()
         if failure is not None:
             # A failed step can leave reference cycles (half-built autograd graphs, frames); a successful
@@ -211,12 +267,32 @@ class _Runner:
             gc.collect()
         self.budget.release_cache()
         self._note_other_device()
-        trial = _trial_record(size, purpose, how, failure, peak, times, time.perf_counter() - started)
+        trial = _trial_record(size, purpose, how, failure, peak, times, time.perf_counter() - started, needed)
         self.trials.append(trial)
         if purpose != RECOMMEND and self.switch_to is None:
-            self.search.record(size, trial.fitted, trial.peak_bytes if trial.fitted else None)
+            fitted = trial.fitted
+            self.search.record(size, fitted, trial.peak_bytes if fitted else None,
+                               curve=peak.curve if fitted else None,
+                               start_bytes=steps[0].before if steps else None)
+        self._check_leftovers(size)
+        if trial.fitted and len(steps) >= 2:
+            self._check_leak(size, steps)
         self._show(_progress_line(len(self.trials), trial, self.search, self.budget.limit_bytes))
         return trial
+
+    def _check_leak(self, size: int, steps: list[StepMemory]) -> None:
+        kept = steps[-1].after - steps[-2].after
+        if kept >= max(LEAK_FLOOR, 0.01 * self.budget.limit_bytes / LEAK_HORIZON):
+            self.leak = Leak(size, kept, self.leftovers.get(size, []))
+
+    def _check_leftovers(self, size: int) -> None:
+        """Name what a trial left alive after the restore: a hook, a global or a list keeps its tensors."""
+        leftovers = self.budget.leftovers()
+        if not leftovers:
+            return
+        self.leftover_bytes[size] = sum(leftovers.values())
+        self.leftovers[size] = _holders(self.torch, self.namespace, self.objects, self.budget,
+                                        only=set(leftovers))
 
     def _autocast(self) -> Any:
         if self.request.amp is None:
@@ -231,13 +307,57 @@ class _Runner:
             if others:
                 self.switch_to = others[0]
 
-    def _show(self, text: str) -> None:
-        elapsed = format_seconds(time.perf_counter() - self._started)
-        self.progress(f"%batchprobe  {text}  [{elapsed}]")
+    def _show(self, text: str, ticking: bool = False) -> None:
+        self.progress(f"%batchprobe  {text}  [{format_seconds(time.perf_counter() - self._started)}]")
+        if ticking:
+            self.ticker.resume(text)
+
+
+class _Ticker:
+    """Refreshes the progress line's elapsed time once a second while a trial runs, from a daemon thread.
+
+    The step holds the kernel's main thread for as long as a trial takes (minutes for a large batch on a slow
+    device); without this the line would say the same elapsed time throughout and look hung.
+    """
+
+    def __init__(self, show: Callable[[str], None]) -> None:
+        self._show = show
+        self._text: str | None = None
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def resume(self, text: str) -> None:
+        with self._wake:
+            self._text = text
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="jupyter-gpu-batchprobe-progress",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def pause(self) -> None:
+        with self._wake:
+            self._text = None
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._text = None
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        with self._wake:
+            while not self._stopped:
+                self._wake.wait(TICK_SECONDS)
+                if self._text is not None and not self._stopped:
+                    self._show(self._text)
 
 
 def _trial_record(size: int, purpose: str, how: str, failure: Any, peak: Any, times: list[float],
-                  seconds: float) -> Trial:
+                  seconds: float, needed: int | None) -> Trial:
     fitted = failure is None
     steady = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
     return Trial(
@@ -248,7 +368,7 @@ def _trial_record(size: int, purpose: str, how: str, failure: Any, peak: Any, ti
         failure=None if failure is None else describe(failure),
         failure_kind=None if failure is None else str(failure.kind),
         allocated_peak_bytes=peak.allocated_bytes if fitted else None,
-        steps_run=len(times), seconds=seconds)
+        steps_run=len(times), seconds=seconds, needed_bytes=needed)
 
 
 def _progress_line(number: int, trial: Trial, search: BatchSizeSearch, budget: int) -> str:
@@ -261,32 +381,69 @@ def _progress_line(number: int, trial: Trial, search: BatchSizeSearch, budget: i
 
 
 def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: list[str], notes: list[str],
-            memory_before: int, memory_after: int, snapshot_bytes: int, seconds: float) -> BatchProbeResult:
+            memory_before: int, memory_after: int, snapshot_bytes: int, seconds: float,
+            baseline: list[Holder]) -> BatchProbeResult:
     search = runner.search
-    answer = search.answer
+    ignores = runner.leak is None and _ignores_batch_size(runner.trials, search)
+    answer = 0 if runner.leak is not None or ignores else search.answer
     fitted_rates = [(t.batch_size, t.samples_per_second) for t in runner.trials
                     if t.fitted and t.samples_per_second is not None]
     best_per_size: dict[int, float] = {}
     for size, rate in fitted_rates:
         best_per_size[size] = max(rate, best_per_size.get(size, 0.0))
-    line = memory_line(runner._outcomes(), below=answer + 1 if answer else None)
+    line = _memory_model(search.outcomes, answer) if answer else None
     if line is None and answer:
         notes.append("Peak memory did not grow with the batch size, so the margin is applied to the size itself.")
     if request.steps == 1:
-        notes.append("--steps 1: step times include the first step (warm-up, lazy optimizer state).")
+        notes.append("--steps 1: step times include the first step (warm-up, lazy optimizer state), and a step "
+                     "that keeps memory between calls cannot be told from one call.")
     return BatchProbeResult(
-        max_batch_size=answer, recommended=runner.recommended,
-        knee=throughput_knee(sorted(best_per_size.items())),
+        max_batch_size=answer, recommended=runner.recommended if answer else 0,
+        knee=throughput_knee(sorted(best_per_size.items())) if answer else None,
         trials=runner.trials, device=budget.device, accounting=budget.accounting,
         budget_bytes=budget.limit_bytes, budget_source=budget.source, margin=request.margin,
-        steps=request.steps, amp=request.amp, limited_by=_limited_by(runner),
+        steps=request.steps, amp=request.amp, limited_by=_limited_by(runner, ignores),
         memory_before=memory_before, memory_after=memory_after, restored=restored,
         snapshot_bytes=snapshot_bytes, seconds=seconds, memory_model=line, notes=notes,
-        interrupted=runner.interrupted)
+        interrupted=runner.interrupted,
+        baseline=[holder.to_dict() for holder in baseline[:BASELINE_HOLDERS]],
+        leftovers=[{"batch_size": size, "bytes": runner.leftover_bytes[size],
+                    "holders": [holder.to_dict() for holder in holders]}
+                   for size, holders in runner.leftovers.items()],
+        leak=None if runner.leak is None else {
+            "batch_size": runner.leak.batch_size, "bytes_per_call": runner.leak.bytes_per_call,
+            "holders": [holder.to_dict() for holder in runner.leak.holders]})
 
 
-def _limited_by(runner: _Runner) -> str:
+def _memory_model(outcomes: list[Outcome], answer: int) -> tuple[float, float] | None:
+    """The line the report shows: the curve's event that peaks at the answer, else the peaks' line."""
+    below = answer + 1 if answer else None
+    curves = [o for o in outcomes if o.fitted and o.curve and (below is None or o.batch_size < below)]
+    by_size = {o.batch_size: o for o in curves}
+    if len(by_size) >= 2:
+        small, large = (by_size[size] for size in sorted(by_size)[-2:])
+        model = CurveModel.through(small, large)
+        if model is not None:
+            intercept, per_sample = model.binding_line(max(answer, large.batch_size))
+            return (intercept, per_sample) if per_sample > 0 else None
+    return memory_line(outcomes, below=below)
+
+
+def _ignores_batch_size(trials: list[Trial], search: BatchSizeSearch) -> bool:
+    """The search reached --max with peak memory and step time flat across sizes: the cap is no capacity."""
+    if not search.capped:
+        return False
+    points = [(t.batch_size, t.peak_bytes, t.step_seconds) for t in trials
+              if t.fitted and t.peak_bytes is not None and t.step_seconds is not None]
+    return flat_in_batch_size(points)
+
+
+def _limited_by(runner: _Runner, ignores: bool) -> str:
     search = runner.search
+    if runner.leak is not None:
+        return "leak"
+    if ignores:
+        return "ignores batch_size"
     if search.answer == 0:
         return "nothing fits"
     if search.capped:

@@ -1,17 +1,24 @@
 """Which batch size to try next: the pure search behind `%batchprobe` (no torch, no clock).
 
 The search assumes "fits" is monotone (if N fits, every smaller size fits) and finds the exact limit:
-N fits and N+1 does not (or N is the user's `--max`). It proceeds in three ways:
+N fits and N+1 does not (or N is the user's `--max`). It never tries a size below `--start` (batch size 1
+breaks BatchNorm in training mode): when `--start` does not fit, nothing does. It proceeds in these ways:
 
+- **The curve** (when the budget sees every allocation, as the CPU budget does): a trial reports the live
+  bytes right after each allocation. Two trials of the same step make the same allocations, so event by event
+  the live bytes lie on a line in the batch size, and the peak at any size is the largest of those lines. This
+  sees the activations grow even where the peak sits on a plateau (small sizes peak in the optimizer step,
+  where the batch barely matters). The first trial already bounds the bytes per sample from above, which
+  sizes the second trial; the model from two trials is **checked** at the size it recommends before the
+  search jumps to one past the limit it predicts.
 - **Doubling** from `--start` while nothing has failed and memory says nothing useful yet.
-- **Prediction**: once two fitted trials show peak memory growing with the batch size, a straight line
-  through the two largest (peak = a + b·size) says where the budget runs out. Until a third size lies
-  on that line the search moves towards it at most 8× at a time (small sizes often peak in the
-  optimizer step, which flattens the line); once confirmed it jumps there. That is exact for the usual
-  step, whose activations grow linearly with the batch.
-- **Correction**: a prediction that fitted is followed by the line's next prediction, but at least +1,
-  +2, +4, … (a too-steep line cannot make the search crawl); a prediction that failed is followed by
-  one size less, and then **bisection** of the bracket.
+- **Prediction** from the peaks alone (the CUDA allocator only tells peaks): once two fitted trials show peak
+  memory growing with the batch size, a straight line through the two largest (peak = a + b·size) says where
+  the budget runs out. Until a third size lies on that line the search moves towards it at most 8x at a time;
+  once confirmed it jumps there.
+- **Correction**: a prediction that fitted is followed by the model's next prediction, but at least +1, +2,
+  +4, … (a too-steep line cannot make the search crawl); a prediction that failed is followed by one size
+  less, and then **bisection** of the bracket.
 
 A step whose peak does not grow (it raises out-of-memory above a hidden limit, or its allocations are
 invisible) never triggers a prediction, so the search is exactly doubling then bisection.
@@ -38,6 +45,9 @@ class Outcome:
     batch_size: int
     fitted: bool
     peak_bytes: int | None = None  # measured peak of a fitted trial (None: not measured)
+    # Live bytes after each allocation of a fitted trial, in order (None: the budget cannot see allocations).
+    curve: tuple[int, ...] | None = None
+    start_bytes: int | None = None  # what was live when the trial began (the curve's zero)
 
 
 @dataclass
@@ -45,6 +55,7 @@ class BatchSizeSearch:
     start: int = 1
     maximum: int | None = None
     budget_bytes: int | None = None
+    margin: float = 0.1  # the recommendation keeps this share of the budget free: the curve is checked there
     outcomes: list[Outcome] = field(default_factory=list)
     _hows: list[str] = field(default_factory=list)  # how each tried size was chosen
     _how: str = "start"
@@ -55,8 +66,9 @@ class BatchSizeSearch:
         if self.maximum is not None and self.maximum < self.start:
             raise ValueError("maximum must be at least start")
 
-    def record(self, batch_size: int, fitted: bool, peak_bytes: int | None = None) -> None:
-        self.outcomes.append(Outcome(batch_size, fitted, peak_bytes))
+    def record(self, batch_size: int, fitted: bool, peak_bytes: int | None = None,
+               curve: tuple[int, ...] | None = None, start_bytes: int | None = None) -> None:
+        self.outcomes.append(Outcome(batch_size, fitted, peak_bytes, curve if fitted else None, start_bytes))
 
     # -- the bracket ---------------------------------------------------------------------------------------
     @property
@@ -92,8 +104,14 @@ class BatchSizeSearch:
         return self.largest_fit
 
     @property
+    def start_failed(self) -> bool:
+        """`--start` itself did not fit: the search stops there instead of going below it."""
+        return any(o.batch_size == self.start and not o.fitted for o in self.outcomes) and self.largest_fit == 0
+
+    @property
     def last_step(self) -> str:
-        """How the last size was chosen: start, double, approach, predict, gallop, bisect, re-run."""
+        """How the last size was chosen: start, first jump, double, check, approach, predict, gallop, bisect,
+        re-run."""
         return self._how
 
     # -- the next size -------------------------------------------------------------------------------------
@@ -112,11 +130,12 @@ class BatchSizeSearch:
             if lo == 0 or self._verified(lo):
                 return None, "done"
             return lo, "re-run"
-        if lo == 0:  # nothing fits yet: halve towards 1 (bisection with 0 as the floor)
-            assert upper is not None
-            return max(1, upper // 2), "bisect"
+        if lo == 0:  # --start failed: nothing at or above it fits, and nothing below it is tried
+            return None, "done"
         limit = self._predicted_limit()
         if self.lowest_failure is None:
+            if (curved := self._curve_step(lo)) is not None:
+                return curved
             if limit is None:
                 return self._clamp(lo * 2), "double"
             if limit + 1 > lo * UNCONFIRMED_JUMP and not self._line_confirmed():
@@ -140,6 +159,44 @@ class BatchSizeSearch:
         if limit is not None and limit < upper and self._streak("predict", fitted=True) < 2:
             return min(max(limit + 1, lo + 1), upper - 1), "predict"  # one past the limit first, as above
         return (lo + upper) // 2, "bisect"
+
+    def _curve_step(self, lo: int) -> tuple[int, str] | None:
+        """The next size before any failure when trials report curves; None: use the peaks instead."""
+        fitted = _fitted_curves(self.outcomes, self.upper)
+        if len(fitted) == 1 and self.budget_bytes is not None:
+            first_jump = _first_jump(fitted[0], self.budget_bytes)
+            if first_jump is not None:
+                return self._clamp(max(lo * 2, first_jump)), "first jump"
+            return None
+        model = self._curve_model()
+        if model is None or self.budget_bytes is None:
+            return None
+        limit = model.limit(self.budget_bytes)
+        if limit is None:
+            return None  # flat: no memory signal, so doubling
+        if not self._curve_checked():
+            check = model.largest_within(self.budget_bytes * (1 - self.margin))
+            if check is not None and lo < check < limit:
+                return self._clamp(check), "check"
+        streak = self._streak("predict", fitted=True)
+        least = lo + (1 << (streak - 1)) if streak else lo + 1
+        return self._clamp(max(limit + 1, least)), "predict"
+
+    def _curve_model(self) -> CurveModel | None:
+        fitted = _fitted_curves(self.outcomes, self.upper)
+        return CurveModel.through(fitted[-2], fitted[-1]) if len(fitted) >= 2 else None
+
+    def _curve_checked(self) -> bool:
+        """Whether the model through two trials predicted a third, larger one's peak (5% of the growth)."""
+        fitted = _fitted_curves(self.outcomes, self.upper)
+        if len(fitted) < 3:
+            return False
+        earlier = CurveModel.through(fitted[-3], fitted[-2])
+        largest = fitted[-1]
+        if earlier is None or largest.peak_bytes is None or fitted[-2].peak_bytes is None:
+            return False
+        growth = max(largest.peak_bytes - fitted[-2].peak_bytes, 1)
+        return abs(earlier.peak_at(largest.batch_size) - largest.peak_bytes) <= LINE_TOLERANCE * growth
 
     def _streak(self, how: str, fitted: bool) -> int:
         """How many of the latest trials in a row were chosen as `how` and ended `fitted`."""
@@ -176,9 +233,13 @@ class BatchSizeSearch:
                 and third_peak >= on_line_at_third - LINE_TOLERANCE * growth)
 
     def _predicted_limit(self) -> int | None:
-        """The largest size the memory line says fits the budget (None: no line, or no budget)."""
+        """The largest size the memory model says fits the budget (None: no model, or no budget)."""
+        if self.budget_bytes is None:
+            return None
+        if (model := self._curve_model()) is not None:
+            return model.limit(self.budget_bytes)
         line = memory_line(self.outcomes, below=self.upper)
-        if line is None or self.budget_bytes is None:
+        if line is None:
             return None
         intercept, per_sample = line
         return int((self.budget_bytes - intercept) // per_sample)
@@ -194,6 +255,66 @@ class BatchSizeSearch:
             if not outcome.fitted:
                 return False
         return False
+
+
+@dataclass(frozen=True)
+class CurveModel:
+    """Live bytes at each allocation of the step, each a line in the batch size: event i holds a_i + b_i·size.
+
+    Exact for the usual step, whose every tensor is either batch-independent (weights, optimizer state) or
+    proportional to the batch (activations, their gradients); the peak at any size is the largest line there.
+    """
+
+    lines: tuple[tuple[float, float], ...]  # (intercept, per_sample) for each allocation event
+
+    @classmethod
+    def through(cls, small: Outcome, large: Outcome) -> CurveModel | None:
+        """The lines through two trials' curves; None unless both made the same number of allocations."""
+        if small.curve is None or large.curve is None or len(small.curve) != len(large.curve) or not small.curve:
+            return None
+        span = large.batch_size - small.batch_size
+        if span <= 0:
+            return None
+        lines = []
+        for at_small, at_large in zip(small.curve, large.curve, strict=True):
+            per_sample = (at_large - at_small) / span
+            lines.append((at_small - per_sample * small.batch_size, per_sample))
+        return cls(tuple(lines))
+
+    def peak_at(self, size: int) -> float:
+        return max(intercept + per_sample * size for intercept, per_sample in self.lines)
+
+    def largest_within(self, limit_bytes: float) -> int | None:
+        """The largest size whose predicted peak stays within `limit_bytes` (None: no event grows)."""
+        growing = [(limit_bytes - intercept) // per_sample for intercept, per_sample in self.lines if per_sample > 0]
+        return int(min(growing)) if growing else None
+
+    def limit(self, budget_bytes: int) -> int | None:
+        return self.largest_within(budget_bytes)
+
+    def binding_line(self, size: int) -> tuple[float, float]:
+        """The event that peaks at `size`: the line the report shows as the memory model."""
+        return max(self.lines, key=lambda line: line[0] + line[1] * size)
+
+
+def _fitted_curves(outcomes: list[Outcome], below: int | None) -> list[Outcome]:
+    """Fitted trials with curves below `below`, one per size (the latest), by size."""
+    latest: dict[int, Outcome] = {}
+    for o in outcomes:
+        if o.fitted and o.curve and o.peak_bytes is not None and (below is None or o.batch_size < below):
+            latest[o.batch_size] = o
+    return [latest[size] for size in sorted(latest)]
+
+
+def _first_jump(first: Outcome, budget_bytes: int) -> int | None:
+    """A size the first trial says is safe to try second: half of where the budget would run out if all the
+    trial's growth above its starting bytes grew with the batch (it rarely all does, so this is low)."""
+    if first.start_bytes is None or first.peak_bytes is None:
+        return None
+    growth = first.peak_bytes - first.start_bytes
+    if growth <= 0:
+        return None
+    return int(first.batch_size * (budget_bytes - first.start_bytes) / growth) // 2
 
 
 def memory_line(outcomes: list[Outcome], below: int | None = None) -> tuple[float, float] | None:
@@ -227,12 +348,43 @@ def recommended_size(outcomes: list[Outcome], answer: int, budget_bytes: int | N
     """
     if answer <= 0:
         return 0
+    fitted = _fitted_curves(outcomes, answer + 1)
+    model = CurveModel.through(fitted[-2], fitted[-1]) if len(fitted) >= 2 else None
+    if model is not None and budget_bytes is not None:
+        within = model.largest_within(budget_bytes * (1 - margin))
+        if within is not None:
+            return max(1, min(answer, within))
     line = memory_line(outcomes, below=answer + 1)
     if line is None or budget_bytes is None:
         return max(1, int(answer * (1 - margin)))
     intercept, per_sample = line
     size = int((budget_bytes * (1 - margin) - intercept) // per_sample)
     return max(1, min(answer, size))
+
+
+# A step "ignores batch_size" when, over at least this range of sizes, its peak and its step time stay flat.
+FLAT_SIZE_RANGE = 16
+FLAT_PEAK_SHARE = 0.01
+FLAT_PEAK_FLOOR = 64 * 1024
+FLAT_TIME_RATIO = 2.0
+
+
+def flat_in_batch_size(points: list[tuple[int, int, float]]) -> bool:
+    """Whether (size, peak bytes, step seconds) of fitted trials say the step does not depend on the batch size.
+
+    Real work grows with the batch in memory, time or both; a step that draws from a 64-sample dataset
+    (`data[:batch_size]`) or uses a fixed input grows in neither, so its "largest batch size" is meaningless.
+    """
+    if len(points) < 2:
+        return False
+    points = sorted(points)
+    smallest, largest = points[0], points[-1]
+    if largest[0] < FLAT_SIZE_RANGE * smallest[0]:
+        return False
+    peaks = [peak for _, peak, _ in points]
+    flat_memory = max(peaks) - min(peaks) <= max(FLAT_PEAK_FLOOR, FLAT_PEAK_SHARE * max(peaks))
+    flat_time = largest[2] <= FLAT_TIME_RATIO * max(smallest[2], 1e-9)
+    return flat_memory and flat_time
 
 
 def throughput_knee(points: list[tuple[int, float]], within: float = 0.95) -> int | None:

@@ -19,6 +19,7 @@ import functools
 import inspect
 import random
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -197,6 +198,15 @@ def _layout(tensor: torch.Tensor) -> tuple[Any, ...]:
     return (tensor.layout, tensor.shape, strides, tensor.dtype, tensor.device)
 
 
+def _plain_parts(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The strided tensors that hold a copy's bytes (a sparse copy keeps them in its indices and values)."""
+    import torch
+
+    if tensor.layout == torch.sparse_coo:
+        return [tensor._indices(), tensor._values()]
+    return [tensor] if tensor.layout == torch.strided else []
+
+
 def _host_nbytes(tensor: torch.Tensor) -> int:
     import torch
 
@@ -244,6 +254,10 @@ class _TensorStore:
     @property
     def host_bytes(self) -> int:
         return sum(_host_nbytes(tensor_copy.host) for tensor_copy in self._copies.values())
+
+    def host_tensors(self) -> Iterator[torch.Tensor]:
+        for tensor_copy in self._copies.values():
+            yield from _plain_parts(tensor_copy.host)
 
 
 def _tensors_in(value: object) -> list[torch.Tensor]:
@@ -326,18 +340,60 @@ class _ModuleState:
 
 
 class _GradState:
-    """Which gradient object each parameter had (None included); the bytes are in the store."""
+    """Which gradient each parameter had (None included), held *weakly*, with a host copy of its bytes.
 
-    def __init__(self, params: list[Any], store: _TensorStore) -> None:
-        self._grads = [(param, param.grad) for param in params]
-        for _, grad in self._grads:
-            store.add(grad)
+    A step that starts with `zero_grad()` frees the gradients an earlier step left, and that memory is free for
+    its own; a strong reference here would keep them alive through every trial and lower the answer by their
+    size. So a restore gives back the same gradient object when something else still holds it (the user's
+    `g = p.grad`), and otherwise a new one with the same bytes, strides and device: the values are what they
+    were, and nobody is left holding the old object to tell the difference.
+    """
+
+    def __init__(self, params: list[Any]) -> None:
+        self._grads = [(param, None if param.grad is None else _WeakGradCopy(param.grad)) for param in params]
 
     def restore(self) -> None:
         # Assigning None drops the gradients a trial created; this needs the parameters' own storage back
         # first (a gradient must match its parameter), which the store restores before the parts.
-        for param, grad in self._grads:
-            param.grad = grad
+        for param, saved in self._grads:
+            param.grad = None if saved is None else saved.revive()
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(_host_nbytes(saved.host) for _, saved in self._grads if saved is not None)
+
+    def host_tensors(self) -> Iterator[torch.Tensor]:
+        for _, saved in self._grads:
+            if saved is not None:
+                yield from _plain_parts(saved.host)
+
+
+class _WeakGradCopy:
+    """A gradient's bytes on the host and a weak reference to the gradient object itself."""
+
+    def __init__(self, grad: torch.Tensor) -> None:
+        self._ref = weakref.ref(grad)
+        self.host = grad.detach().to("cpu", copy=True)
+        self._layout = _layout(grad)
+        self._device = grad.device
+
+    def revive(self) -> torch.Tensor:
+        import torch
+
+        grad = self._ref()
+        if grad is not None:
+            if _layout(grad) != self._layout:
+                grad.data = self.host.to(self._device, copy=True)
+            else:
+                grad.copy_(self.host)
+            return grad
+        layout, shape, strides, dtype, _ = self._layout
+        if layout == torch.strided:
+            grad = torch.empty_strided(shape, strides, dtype=dtype, device=self._device).copy_(self.host)
+        else:  # a sparse gradient: its own layout comes with the copy
+            grad = self.host.to(self._device, copy=True)
+        self._ref = weakref.ref(grad)  # the next restore finds this one while the parameter holds it
+        return grad
 
 
 class _OptimizerState:
@@ -494,7 +550,7 @@ class StateSnapshot:
         store = _TensorStore()
         parts: list[_Part] = [
             _ModuleState(objects.modules, store),
-            _GradState(_unique_params(objects), store),
+            _GradState(_unique_params(objects)),
             *(_OptimizerState(optimizer, store) for optimizer in objects.optimizers),
             *(_SchedulerState(scheduler, store, objects.objects()) for scheduler in objects.schedulers),
             *(_ScalerState(scaler, store) for scaler in objects.scalers),
@@ -511,7 +567,16 @@ class StateSnapshot:
                 part.restore()
         self._rng.restore()
 
+    def host_tensors(self) -> Iterator[torch.Tensor]:
+        """The host copies themselves: a CPU budget must not count them as the step's memory."""
+        yield from self._store.host_tensors()
+        for part in self._parts:
+            if isinstance(part, _GradState):
+                yield from part.host_tensors()
+        yield from [self._rng.cpu, *(self._rng.cuda or []), *(self._rng.xpu or [])]
+
     @property
     def host_bytes(self) -> int:
         """Bytes of host memory the copies take (tensor data and the torch generator states)."""
-        return self._store.host_bytes + self._rng.host_bytes
+        grads = sum(part.host_bytes for part in self._parts if isinstance(part, _GradState))
+        return self._store.host_bytes + grads + self._rng.host_bytes

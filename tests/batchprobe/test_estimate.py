@@ -8,7 +8,7 @@ import resource
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -297,3 +297,88 @@ def test_rendering_and_serialising() -> None:
     assert data["device"] == "cpu" and data["reserve_bytes"] == GiB
     assert copy.deepcopy(estimate.points) == [tuple(point) for point in data["points"]]
     assert estimate.seconds_per_evaluation < 10
+
+
+# -- where a value is read, named in a real IPython shell ------------------------------------------------
+
+DATALOADER_CELL = """\
+import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def step(batch_size):
+    ds = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    for xb, yb in DataLoader(ds, batch_size=batch_size):
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+ITEM_CELL = """\
+import torch, torch.nn as nn
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+losses = []
+
+def step(batch_size):
+    loss = nn.functional.cross_entropy(model(torch.randn(batch_size, 8)), torch.zeros(batch_size).long())
+    loss.backward()
+    losses.append(loss.item())
+    opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def shell() -> Any:
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.testing.globalipapp import start_ipython
+
+    # start_ipython() makes the one global test shell, and returns None once it exists.
+    return start_ipython() or InteractiveShell.instance()
+
+
+@pytest.fixture
+def ip(shell: Any) -> Iterator[Any]:
+    names = set(shell.user_ns)
+    shell.run_line_magic("load_ext", "jupyter_gpu")
+    yield shell
+    shell.run_line_magic("unload_ext", "jupyter_gpu")
+    for name in set(shell.user_ns) - names:
+        del shell.user_ns[name]
+
+
+def define_in_a_cell(ip: Any, cell: str, line: str) -> str:
+    """Runs the cell; the place the message must name: "Cell In[N], line L" of `line`, as tracebacks do."""
+    count = ip.execution_count
+    result = ip.run_cell(cell, store_history=True)
+    assert result.success, result.error_in_exec
+    number = cell.split("\n").index(line) + 1
+    return f"Cell In[{count}], line {number}, in step: `{line.strip()}`"
+
+
+def test_a_dataloader_step_is_refused_naming_the_line_that_iterates_the_loader(ip: Any) -> None:
+    from IPython.core.error import UsageError
+
+    place = define_in_a_cell(ip, DATALOADER_CELL, "    for xb, yb in DataLoader(ds, batch_size=batch_size):")
+    before = ip.user_ns["model"].weight.detach().clone()
+    with pytest.raises(UsageError) as caught:
+        ip.run_line_magic("batchprobe", "step --estimate --for 1GiB")
+    message = str(caught.value)
+    print(message)
+    assert "--estimate cannot run this step with fake tensors: it reads tensor values" in message
+    assert "DataLoader iteration" in message
+    assert place in message
+    assert "Run the real probe with --max-memory instead." in message
+    assert torch.equal(ip.user_ns["model"].weight, before)
+
+
+def test_an_item_call_is_refused_naming_its_line_and_item(ip: Any) -> None:
+    place = define_in_a_cell(ip, ITEM_CELL, "    losses.append(loss.item())")
+    with pytest.raises(EstimateError) as caught:
+        estimate_peaks(ip.user_ns["step"], [], namespace=ip.user_ns, memory_sizes=[])
+    message = str(caught.value)
+    print(message)
+    assert place in message
+    assert ".item()" in message and "DataLoader" not in message
+    assert message.count(". ") <= 1  # one or two sentences

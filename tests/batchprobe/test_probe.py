@@ -107,12 +107,16 @@ def sequence(result: BatchProbeResult) -> list[tuple[int, bool, str]]:
 
 
 def fingerprint(training: Training) -> dict[str, Any]:
-    """Everything a trial can change, as values (clones) and identities, comparable bitwise."""
+    """Everything a trial can change, as values (clones) and identities, comparable bitwise.
+
+    Gradients by value only: the probe holds them weakly, so one nobody else holds may come back as a new
+    object with the same bytes (`test_a_gradient_the_user_holds_comes_back_as_the_same_object`).
+    """
     model, opt = training.model, training.opt
     params = dict(model.named_parameters())
     return {
         "params": {name: (id(p), p.detach().clone()) for name, p in params.items()},
-        "grads": {name: None if p.grad is None else (id(p.grad), p.grad.clone()) for name, p in params.items()},
+        "grads": {name: None if p.grad is None else p.grad.clone() for name, p in params.items()},
         "buffers": {name: (id(b), b.clone()) for name, b in model.named_buffers()},
         "training": {name: module.training for name, module in model.named_modules()},
         "opt_state": [(id(p), {key: (id(v), v.clone()) if torch.is_tensor(v) else v for key, v in state.items()})
@@ -215,7 +219,12 @@ def test_a_sticky_cuda_error_stops_the_probe_and_says_restart_the_kernel() -> No
 
 def test_the_max_cap_is_reported_as_the_limit() -> None:
     calls: list[int] = []
-    result = run_probe(calls.append, ProbeRequest(maximum=50, max_memory=BUDGET), namespace={})
+
+    def step(batch_size: int) -> None:  # real work that grows with the batch, far below the budget
+        calls.append(batch_size)
+        torch.ones(batch_size, 256).mul(2).sum()
+
+    result = run_probe(step, ProbeRequest(maximum=50, max_memory=BUDGET), namespace={})
     assert result.max_batch_size == 50
     assert result.limited_by == "--max"
     assert max(calls) == 50  # nothing above the cap was run
@@ -228,7 +237,8 @@ def test_nothing_fits_when_the_budget_is_below_what_is_already_in_use() -> None:
     assert result.max_batch_size == 0 and result.recommended == 0
     assert result.limited_by == "nothing fits"
     assert result.trials and not any(t.fitted for t in result.trials)
-    assert str(result).startswith("batchprobe: no batch size fits")
+    assert str(result).startswith("batchprobe: nothing fits at --start 2: batch 2 needs more than ")
+    assert "the budget is 1.0 KiB" in str(result)
 
 
 # -- state and memory ------------------------------------------------------------------------------------

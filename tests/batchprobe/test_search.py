@@ -11,6 +11,7 @@ import pytest
 from jupyter_gpu.batchprobe.search import (
     BatchSizeSearch,
     Outcome,
+    flat_in_batch_size,
     memory_line,
     recommended_size,
     throughput_knee,
@@ -18,6 +19,8 @@ from jupyter_gpu.batchprobe.search import (
 
 # A step: batch size -> (fitted, measured peak bytes or None).
 Step = Callable[[int], tuple[bool, int | None]]
+# A step that also reports its curve: batch size -> live bytes after each allocation, as the CPU budget does.
+CurveStep = Callable[[int], list[int]]
 Trial = tuple[int, bool, str]
 
 MIB = 1 << 20
@@ -27,7 +30,7 @@ def run_search(start: int, maximum: int | None, budget: int | None, step: Step) 
     search = BatchSizeSearch(start, maximum, budget)
     trials: list[Trial] = []
     while (size := search.next_size()) is not None:
-        assert size >= 1
+        assert size >= start, f"went below --start: {size}"
         assert maximum is None or size <= maximum
         fitted, peak = step(size)
         search.record(size, fitted, peak if fitted else None)
@@ -36,8 +39,28 @@ def run_search(start: int, maximum: int | None, budget: int | None, step: Step) 
     return search, trials
 
 
-def brute_force_limit(step: Step, maximum: int | None) -> int:
-    """The largest fitting size of a monotone step, checked by its definition: it fits and one more does not."""
+def run_curve_search(start: int, maximum: int | None, budget: int, curve: CurveStep,
+                     starting: int) -> tuple[BatchSizeSearch, list[Trial]]:
+    """The search fed as the CPU budget feeds it: each fitted trial's curve and what was live at its start."""
+    search = BatchSizeSearch(start, maximum, budget)
+    trials: list[Trial] = []
+    while (size := search.next_size()) is not None:
+        assert size >= start and (maximum is None or size <= maximum)
+        live = curve(size)
+        fitted = max(live) <= budget
+        search.record(size, fitted, max(live) if fitted else None, curve=tuple(live), start_bytes=starting)
+        trials.append((size, fitted, search.last_step))
+        assert len(trials) <= 80, f"the search does not end: {trials[-10:]}"
+    return search, trials
+
+
+def brute_force_limit(step: Step, maximum: int | None, start: int = 1) -> int:
+    """The largest fitting size of a monotone step, checked by its definition: it fits and one more does not.
+
+    0 when `start` itself does not fit: the search never goes below it.
+    """
+    if not step(start)[0]:
+        return 0
     low, high = 0, 1
     while step(high)[0]:
         low, high = high, high * 2
@@ -127,7 +150,7 @@ def assert_answer_verified(trials: list[Trial], answer: int) -> None:
 
 def assert_exact(start: int, maximum: int | None, budget: int, step: Step) -> list[Trial]:
     search, trials = run_search(start, maximum, budget, step)
-    expected = brute_force_limit(step, maximum)
+    expected = brute_force_limit(step, maximum, start)
     assert search.answer == expected, trials
     assert search.capped == (maximum is not None and expected == maximum)
     if expected:
@@ -172,22 +195,36 @@ def test_randomised_steps_starts_and_maximums_all_get_the_exact_answer() -> None
 
 @pytest.mark.parametrize("start", [1, 2, 5, 64, 1024])
 @pytest.mark.parametrize("maximum", [None, 2048])
-def test_nothing_fits_gives_zero_after_trying_size_one(start: int, maximum: int | None) -> None:
+def test_nothing_fits_gives_zero_after_trying_only_the_start(start: int, maximum: int | None) -> None:
     search, trials = run_search(start, maximum, 10 * MIB, lambda n: (False, None))
     assert search.answer == 0
     assert not search.capped
-    assert trials[-1][0] == 1  # it went all the way down before giving up
-    assert all(not fitted for _, fitted, _ in trials)
+    assert trials == [(start, False, "start")]
+    assert search.start_failed
 
 
 @pytest.mark.parametrize(
     ("start", "limit"), [(2, 1), (5, 1), (5, 2), (5, 3), (5, 4), (64, 1), (64, 17), (64, 63), (1000, 2), (1000, 999)]
 )
-def test_a_start_that_fails_still_finds_smaller_sizes(start: int, limit: int) -> None:
+def test_a_start_that_fails_is_never_gone_below(start: int, limit: int) -> None:
+    # Batch size 1 crashes BatchNorm in training mode: a size below --start is the user's to choose, not ours.
     search, trials = run_search(start, None, None, hidden_limit(limit, None))
-    assert trials[0] == (start, False, "start")
-    assert search.answer == limit
-    assert_answer_verified(trials, limit)
+    assert trials == [(start, False, "start")]
+    assert search.answer == 0 and search.start_failed
+
+
+def test_the_peers_start_of_500_is_our_maximum_and_gives_exactly_100() -> None:
+    # accelerate's `find_executable_batch_size(starting_batch_size=500)` with out-of-memory above 100: its
+    # start is the largest size it tries, which is our --max; the answer must be exactly 100.
+    search, _ = run_search(2, 500, None, hidden_limit(100, None))
+    assert search.answer == 100 and not search.capped
+
+
+def test_an_out_of_memory_above_8_gives_exactly_8() -> None:
+    # accelerate's test_memory_explicit: every size above 8 raises out of memory.
+    search, trials = run_search(2, 128, None, hidden_limit(8, None))
+    assert search.answer == 8
+    assert_answer_verified(trials, 8)
 
 
 def test_a_limit_at_the_start_with_the_maximum_there_too_is_one_trial() -> None:
@@ -407,3 +444,102 @@ def test_bad_construction_raises(start: int, maximum: int | None) -> None:
 
 def test_maximum_equal_to_start_is_allowed() -> None:
     assert BatchSizeSearch(4, 4).next_size() == 4
+
+
+# -- curves: the live bytes at each allocation -----------------------------------------------------------
+
+
+def training_curve(model_bytes: int, activations: list[int], optimizer_temporary: int,
+                   rounding: int = 1) -> CurveStep:
+    """The curve of a real step, event by event: inputs, each layer's activation (kept for backward), the
+    gradients while the activations go, then the optimizer step's temporaries (batch-independent). Small sizes
+    peak in the optimizer step, large ones at the end of forward; `rounding` rounds each allocation up to
+    blocks, as an allocator would (a staircase, not a line)."""
+    def allocation(size: int) -> int:
+        return -(-size // rounding) * rounding
+
+    def curve(n: int) -> list[int]:
+        live = model_bytes
+        points = []
+        for per_sample in activations:
+            live += allocation(per_sample * n)
+            points.append(live)
+        for per_sample in reversed(activations):  # backward: a gradient of the weights, an activation freed
+            live += allocation(model_bytes // len(activations))
+            points.append(live)
+            live -= allocation(per_sample * n)
+        live += optimizer_temporary
+        points.append(live)
+        return points
+
+    return curve
+
+
+CURVES = {
+    "mlp-adam": (30 * MIB, [2_048, 16_384, 16_384, 40], 60 * MIB),
+    "cnn-bn": (2 * MIB, [12_288, 65_536, 65_536, 65_536, 65_536, 16_384, 40], 4 * MIB),
+    "transformer": (8 * MIB, [65_536, 196_608, 262_144, 65_536, 262_144, 65_536, 25_600], 16 * MIB),
+    "huge-model": (900 * MIB, [4_096, 4_096], 1800 * MIB),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(CURVES))
+@pytest.mark.parametrize("rounding", [1, 512])
+def test_curves_give_the_exact_answer_in_at_most_six_trials(shape: str, rounding: int) -> None:
+    model_bytes, activations, temporary = CURVES[shape]
+    curve = training_curve(model_bytes, activations, temporary, rounding)
+    per_sample = sum(activations)
+    reachable = []
+    for target in [40, 333, 1_000, 4_581, 19_510, 65_000]:
+        budget = max(curve(target)) + per_sample // 3
+        search, trials = run_curve_search(2, None, budget, curve, model_bytes)
+        expected = brute_force_limit(lambda n, b=budget: (max(curve(n)) <= b, None), None, 2)
+        assert search.answer == expected, trials
+        assert_answer_verified(trials, expected)
+        assert len(trials) <= 6, (target, trials)
+        assert len(trials) <= doubling_then_bisection(2, expected) + 1, (target, trials)
+        reachable.append(target)
+    assert reachable
+
+
+def test_a_curve_sees_the_activations_grow_under_the_optimizer_plateau() -> None:
+    # At 2 and at the first jump the peak is the optimizer step's (flat): peaks alone would say "no growth"
+    # and double; the curve's forward events grow, and the second trial already predicts the limit.
+    model_bytes, activations, temporary = CURVES["mlp-adam"]
+    curve = training_curve(model_bytes, activations, temporary)
+    budget = 512 * MIB
+    search, trials = run_curve_search(2, None, budget, curve, model_bytes)
+    assert search.answer == brute_force_limit(lambda n: (max(curve(n)) <= budget, None), None, 2)
+    first, second = trials[0][0], trials[1][0]
+    assert max(curve(first)) == max(curve(second)), "both sizes peak on the plateau"
+    assert [how for _, _, how in trials[:3]] == ["start", "first jump", "check"], trials
+    assert len(trials) <= 5, trials
+
+
+def test_a_curve_that_does_not_grow_doubles_and_never_predicts() -> None:
+    flat = [5 * MIB, 7 * MIB, 6 * MIB]
+    search, trials = run_curve_search(2, 4096, 64 * MIB, lambda n: flat, 5 * MIB)
+    assert search.answer == 4096 and search.capped
+    assert all(how in ("start", "first jump", "double") for _, _, how in trials), trials
+
+
+def test_curves_of_different_lengths_fall_back_to_the_peaks() -> None:
+    # A step whose allocations change with the size (another kernel past a threshold) has no event-by-event
+    # line; the search must still be exact.
+    def curve(n: int) -> list[int]:
+        events = [MIB + 1000 * n, MIB + 3000 * n]
+        return [*events, MIB] if n > 64 else events
+
+    budget = MIB + 3000 * 777 + 5
+    search, trials = run_curve_search(2, None, budget, curve, MIB)
+    assert search.answer == 777
+    assert_answer_verified(trials, 777)
+
+
+def test_flat_in_batch_size_needs_flat_memory_and_time_over_a_wide_range() -> None:
+    flat = [(2, 10 * MIB, 0.010), (64, 10 * MIB, 0.011), (65_536, 10 * MIB + 100, 0.012)]
+    assert flat_in_batch_size(flat)
+    assert flat_in_batch_size([flat[0], flat[-1]])
+    assert not flat_in_batch_size([(2, 10 * MIB, 0.01), (16, 10 * MIB, 0.01)])  # too narrow a range to tell
+    assert not flat_in_batch_size([(2, 10 * MIB, 0.01), (65_536, 30 * MIB, 0.012)])  # memory grew
+    assert not flat_in_batch_size([(2, 10 * MIB, 0.01), (65_536, 10 * MIB, 0.9)])  # time grew: real work
