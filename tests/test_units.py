@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.units import format_bytes, format_rate, format_seconds
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
@@ -42,3 +42,9 @@ def test_format_seconds_rounding_moves_to_the_next_unit(seconds: float, text: st
 ])
 def test_format_bytes(count: int | None, text: str) -> None:
     assert format_bytes(count) == text
+
+
+@pytest.mark.parametrize(("rate", "text"), [(52_000_000.4, "52,000,000"), (1234.5, "1,234"), (100.0, "100"),
+                                           (12.34, "12.3"), (0.4123, "0.41"), (0.0, "0"), (None, "n/a")])
+def test_format_rate_never_shows_a_slow_rate_as_zero(rate: float | None, text: str) -> None:
+    assert format_rate(rate) == text

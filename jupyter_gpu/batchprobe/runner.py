@@ -220,7 +220,9 @@ class _Runner:
         if answer <= 0 or _ignores_batch_size(self.trials, self.search):
             return 0
         outcomes = self.search.outcomes
-        size = recommended_size(outcomes, answer, self.budget.limit_bytes, self.request.margin)
+        # Never below --start: a smaller size may not run at all (BatchNorm at 1), whatever the margin says.
+        size = max(self.request.start, recommended_size(outcomes, answer, self.budget.limit_bytes,
+                                                        self.request.margin))
         if size <= 0 or any(t.fitted and t.batch_size == size for t in self.trials):
             return size
         trial = self._trial(size, RECOMMEND, "margin")

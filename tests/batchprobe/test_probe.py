@@ -217,6 +217,43 @@ def test_a_sticky_cuda_error_stops_the_probe_and_says_restart_the_kernel() -> No
     assert max(calls) == 16 and calls.count(16) == 1  # no retry after the context is gone
 
 
+@pytest.mark.parametrize(("maximum", "hidden"), [(128, 8), (500, 100)])
+def test_the_peers_cases_an_out_of_memory_above_a_size_gives_exactly_that_size(maximum: int, hidden: int) -> None:
+    # accelerate's test_memory_explicit (out of memory above 8) and a finder started at 500 with failures above
+    # 100: accelerate's `starting_batch_size` is the largest size it tries, which is our --max.
+    tried: list[int] = []
+
+    def step(batch_size: int) -> None:
+        tried.append(batch_size)
+        torch.ones(batch_size, 64).sum()
+        if batch_size > hidden:
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
+
+    result = run_probe(step, ProbeRequest(maximum=maximum, max_memory=BUDGET), namespace={})
+    assert result.max_batch_size == hidden and result.limited_by == "memory", sequence(result)
+    assert max(tried) <= maximum and min(tried) >= 2
+
+
+def test_the_progress_line_keeps_counting_during_a_long_trial() -> None:
+    shown: list[tuple[float, str]] = []
+    started = time.perf_counter()
+
+    def step(batch_size: int) -> None:
+        time.sleep(0.9)
+
+    run_probe(step, ProbeRequest(start=2, maximum=2, max_memory=BUDGET, steps=2), namespace={},
+              progress=lambda text: shown.append((time.perf_counter() - started, text)))
+    during = [(at, text) for at, text in shown if "trial 1: batch 2 (start) …" in text]
+    assert len(during) >= 2, shown  # the line as the trial starts, then at least one tick while it runs
+    scale = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+    elapsed = [float(number) * scale[unit] for number, unit in
+               (text.rsplit("[", 1)[1].rstrip("]").split() for _, text in during)]
+    assert elapsed == sorted(elapsed) and elapsed[-1] >= 0.9, during
+    assert shown[-1][1] == ""  # emptied at the end, and no tick after it
+    time.sleep(1.2)
+    assert shown[-1][1] == ""
+
+
 def test_the_max_cap_is_reported_as_the_limit() -> None:
     calls: list[int] = []
 
@@ -322,6 +359,7 @@ def test_keyboard_interrupt_keeps_the_finished_trials_and_restores_the_state() -
     assert len(result.trials) == 2 and all(t.fitted for t in result.trials)
     assert_same(before, fingerprint(training))
     assert "Interrupted" in str(result)
+    assert "no recommendation (interrupted" in str(result) and "recommended 0" not in str(result)
 
     calls = 0
     with pytest.raises(KeyboardInterrupt):
