@@ -8,6 +8,7 @@ cleaned up after it: inside it, the exception's traceback still holds the failed
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import statistics
 import threading
@@ -333,8 +334,11 @@ class _Ticker:
         with self._wake:
             self._text = text
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="jupyter-gpu-batchprobe-progress",
-                                                daemon=True)
+                # The cell's context goes with the thread: ipykernel keeps the request being answered in a
+                # context variable, and an update without it would not reach the cell's output.
+                context = contextvars.copy_context()
+                self._thread = threading.Thread(target=context.run, args=(self._loop,),
+                                                name="jupyter-gpu-batchprobe-progress", daemon=True)
                 self._thread.start()
             self._wake.notify()
 
