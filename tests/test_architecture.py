@@ -46,7 +46,7 @@ PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nv
                   "jupyter_gpu.metrics.hub", "jupyter_gpu.server.processes", "jupyter_gpu.kernel_torch",
                   "jupyter_gpu.gputime.clock", "jupyter_gpu.gputime.opcount", "jupyter_gpu.gputime.availability",
                   "jupyter_gpu.gputime.busy", "jupyter_gpu.gputime.runner", "jupyter_gpu.batchprobe.budget",
-                  "jupyter_gpu.batchprobe.state", "jupyter_gpu.batchprobe.release",
+                  "jupyter_gpu.batchprobe.state", "jupyter_gpu.batchprobe.release", "jupyter_gpu.batchprobe.holders",
                   "jupyter_gpu.batchprobe.estimate", "jupyter_gpu.batchprobe.runner", "jupyter_gpu.gpucheck.run"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli"]
