@@ -201,7 +201,6 @@ class _Runner:
         # What trials left alive after the restore, by the batch size of the trial that made it.
         self.leftovers: dict[int, list[Holder]] = {}
         self.leftover_bytes: dict[int, int] = {}
-        self.step_times: dict[int, float] = {}
         self._started = time.perf_counter()
         self.ticker = _Ticker(self._show)
 
