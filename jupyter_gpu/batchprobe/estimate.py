@@ -22,15 +22,10 @@ backward can see it. torch is imported inside functions only.
 from __future__ import annotations
 
 import copy
-import linecache
-import os
-import sys
-import sysconfig
 import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from functools import cache
 from typing import Any
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
@@ -38,6 +33,7 @@ from jupyter_gpu.batchprobe.estimate_result import MemoryEstimate, budget_bytes
 from jupyter_gpu.batchprobe.result import AMP_DTYPES
 from jupyter_gpu.batchprobe.search import Outcome, memory_line
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
+from jupyter_gpu.batchprobe.user_line import in_torch, innermost_user_frame, place_of
 from jupyter_gpu.units import format_bytes
 
 # Held back from every memory size for what tensors do not show: the CUDA context (about 0.3-1 GiB) and
@@ -53,8 +49,6 @@ PREDICTION_ROUNDS = 3
 # While the peak does not grow with the batch (small sizes can peak in optimizer.step), the first points
 # double the size at most this many extra times looking for the per-sample growth.
 GROWTH_DOUBLINGS = 4
-# A source line quoted in a refusal is cut here: the place is what matters, not a long expression.
-QUOTED_LINE_CHARS = 120
 
 
 class EstimateError(RuntimeError):
@@ -368,11 +362,11 @@ def _failure_message(error: BaseException) -> str:
     from torch._subclasses import fake_tensor
 
     frames = list(traceback.walk_tb(error.__traceback__))
-    user = _innermost_user_frame(torch, frames)
+    user = innermost_user_frame(torch, frames)
     # The frames below the user's line are torch's: one in torch.utils.data means a DataLoader did the read.
     loader = next((frame for frame, _ in reversed(frames[user + 1 if user is not None else 0:])
-                   if _in_torch(torch, frame.f_code.co_filename, "utils", "data")), None)
-    place = f" at {_place(*frames[user])}" if user is not None else ""
+                   if in_torch(torch, frame.f_code.co_filename, "utils", "data")), None)
+    place = f" at {place_of(*frames[user])}" if user is not None else ""
     read = _reading_operation(error, fake_tensor, frames)
     detail = None
     if read is not None and loader is not None:  # torch's own .item() is not the user's to change: the loader is
@@ -407,59 +401,6 @@ def _reading_operation(error: BaseException, fake_tensor: Any, frames: list[tupl
     if "numpy() is not supported for tensor subclasses" in str(error):
         return "a tensor's values as a NumPy array", ".numpy()"
     return None
-
-
-def _innermost_user_frame(torch: Any, frames: list[tuple[Any, int]]) -> int | None:
-    """The index of the innermost frame that is neither torch, nor the standard library, nor an installed
-    package, nor this package (whose frames run the step): the user's own line that led to the error."""
-    for index in range(len(frames) - 1, -1, -1):
-        filename = frames[index][0].f_code.co_filename
-        if not (_in_torch(torch, filename) or _is_library(filename)):
-            return index
-    return None
-
-
-def _in_torch(torch: Any, filename: str, *folders: str) -> bool:
-    """Whether a code file is inside the torch package (in its subfolder `folders` when given)."""
-    root = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), *folders, "")
-    return not filename.startswith("<") and os.path.realpath(filename).startswith(root)
-
-
-def _is_library(filename: str) -> bool:
-    """Standard library, installed packages and this package: code whose lines are not the user's."""
-    if filename.startswith("<"):  # "<ipython-input-3-...>" and exec'd strings are the user's; importlib is not
-        return filename.startswith("<frozen ")
-    path = os.path.realpath(filename)
-    # By path component, not only by the stdlib root: site-packages often lies inside it (/usr/local/lib/pythonX).
-    return bool({"site-packages", "dist-packages"} & set(path.split(os.sep))) or path.startswith(_library_roots())
-
-
-@cache
-def _library_roots() -> tuple[str, ...]:
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # jupyter_gpu/, which runs the step
-    stdlib = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
-    return tuple(os.path.join(os.path.realpath(root), "") for root in {package, *stdlib})
-
-
-def _place(frame: Any, lineno: int) -> str:
-    """The line as IPython's tracebacks name it, with its text: "Cell In[3], line 4, in step: `...`"."""
-    filename = frame.f_code.co_filename
-    text = linecache.getline(filename, lineno, frame.f_globals).strip()
-    if len(text) > QUOTED_LINE_CHARS:
-        text = text[:QUOTED_LINE_CHARS - 3] + "..."
-    where = f"{_code_name(filename)}, line {lineno}, in {frame.f_code.co_name}"
-    return f"{where}: `{text}`" if text else where
-
-
-def _code_name(filename: str) -> str:
-    """A notebook cell as IPython names it, "Cell In[3]" (its file is /tmp/ipykernel_*/....py or
-    <ipython-input-3-...>); else the file's name."""
-    ipython = sys.modules.get("IPython")  # not imported: when IPython is not loaded, there is no cell to name
-    shell = ipython.get_ipython() if ipython is not None else None
-    label = getattr(getattr(shell, "compile", None), "format_code_name", lambda name: None)(filename)
-    if label is not None:
-        return " ".join(label)
-    return os.path.basename(filename) or filename
 
 
 def _object_notes(objects: TrainingObjects) -> list[str]:

@@ -5,7 +5,8 @@ moments, schedulers, the AMP scaler, train/eval flags and the random number gene
 error can stop it anywhere: half-way through backward, between two parameters of optimizer.step. The DESIGN
 rule is that afterwards all of that is bitwise what it was, so the snapshot keeps a host copy of every tensor and
 restores by copying the bytes back into the original tensor objects: the optimizer holds parameters by identity,
-and the user may hold references to gradients or buffers.
+and the user may hold references to gradients or buffers. Gradients alone are held weakly (`_GradState`): a
+step's `zero_grad()` must be able to free the ones an earlier cell left, as it would in training.
 
 Copies go to host memory, never to the device: the probe measures how much device memory the step can use, and
 a device-side copy would take part of it. torch is imported inside functions only; importing this module must
