@@ -8,9 +8,10 @@ breaks BatchNorm in training mode): when `--start` does not fit, nothing does. I
   bytes right after each allocation. Two trials of the same step make the same allocations, so event by event
   the live bytes lie on a line in the batch size, and the peak at any size is the largest of those lines. This
   sees the activations grow even where the peak sits on a plateau (small sizes peak in the optimizer step,
-  where the batch barely matters). The first trial already bounds the bytes per sample from above, which
-  sizes the second trial; the model from two trials is **checked** at the size it recommends before the
-  search jumps to one past the limit it predicts.
+  where the batch barely matters). The second trial doubles the first (one trial cannot tell memory that
+  grows with the batch from a fixed allocation, and jumping far past a hidden limit would cost more bisection
+  than doubling); the model from the two is **checked** at the size it recommends before the search jumps to
+  one past the limit it predicts. A curve that does not grow gives plain doubling.
 - **Doubling** from `--start` while nothing has failed and memory says nothing useful yet.
 - **Prediction** from the peaks alone (the CUDA allocator only tells peaks): once two fitted trials show peak
   memory growing with the batch size, a straight line through the two largest (peak = a + b·size) says where
@@ -110,7 +111,7 @@ class BatchSizeSearch:
 
     @property
     def last_step(self) -> str:
-        """How the last size was chosen: start, first jump, double, check, approach, predict, gallop, bisect,
+        """How the last size was chosen: start, double, check, approach, predict, gallop, bisect,
         re-run."""
         return self._how
 
@@ -162,12 +163,6 @@ class BatchSizeSearch:
 
     def _curve_step(self, lo: int) -> tuple[int, str] | None:
         """The next size before any failure when trials report curves; None: use the peaks instead."""
-        fitted = _fitted_curves(self.outcomes, self.upper)
-        if len(fitted) == 1 and self.budget_bytes is not None:
-            first_jump = _first_jump(fitted[0], self.budget_bytes)
-            if first_jump is not None:
-                return self._clamp(max(lo * 2, first_jump)), "first jump"
-            return None
         model = self._curve_model()
         if model is None or self.budget_bytes is None:
             return None
@@ -304,17 +299,6 @@ def _fitted_curves(outcomes: list[Outcome], below: int | None) -> list[Outcome]:
         if o.fitted and o.curve and o.peak_bytes is not None and (below is None or o.batch_size < below):
             latest[o.batch_size] = o
     return [latest[size] for size in sorted(latest)]
-
-
-def _first_jump(first: Outcome, budget_bytes: int) -> int | None:
-    """A size the first trial says is safe to try second: half of where the budget would run out if all the
-    trial's growth above its starting bytes grew with the batch (it rarely all does, so this is low)."""
-    if first.start_bytes is None or first.peak_bytes is None:
-        return None
-    growth = first.peak_bytes - first.start_bytes
-    if growth <= 0:
-        return None
-    return int(first.batch_size * (budget_bytes - first.start_bytes) / growth) // 2
 
 
 def memory_line(outcomes: list[Outcome], below: int | None = None) -> tuple[float, float] | None:

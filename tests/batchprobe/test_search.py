@@ -503,7 +503,7 @@ def test_curves_give_the_exact_answer_in_at_most_six_trials(shape: str, rounding
 
 
 def test_a_curve_sees_the_activations_grow_under_the_optimizer_plateau() -> None:
-    # At 2 and at the first jump the peak is the optimizer step's (flat): peaks alone would say "no growth"
+    # At 2 and at 4 the peak is the optimizer step's (flat): peaks alone would say "no growth"
     # and double; the curve's forward events grow, and the second trial already predicts the limit.
     model_bytes, activations, temporary = CURVES["mlp-adam"]
     curve = training_curve(model_bytes, activations, temporary)
@@ -512,7 +512,7 @@ def test_a_curve_sees_the_activations_grow_under_the_optimizer_plateau() -> None
     assert search.answer == brute_force_limit(lambda n: (max(curve(n)) <= budget, None), None, 2)
     first, second = trials[0][0], trials[1][0]
     assert max(curve(first)) == max(curve(second)), "both sizes peak on the plateau"
-    assert [how for _, _, how in trials[:3]] == ["start", "first jump", "check"], trials
+    assert [how for _, _, how in trials[:3]] == ["start", "double", "check"], trials
     assert len(trials) <= 5, trials
 
 
@@ -520,7 +520,23 @@ def test_a_curve_that_does_not_grow_doubles_and_never_predicts() -> None:
     flat = [5 * MIB, 7 * MIB, 6 * MIB]
     search, trials = run_curve_search(2, 4096, 64 * MIB, lambda n: flat, 5 * MIB)
     assert search.answer == 4096 and search.capped
-    assert all(how in ("start", "first jump", "double") for _, _, how in trials), trials
+    assert all(how in ("start", "double") for _, _, how in trials), trials
+
+
+@pytest.mark.parametrize("start", [1, 2, 5, 16])
+def test_a_fixed_allocation_with_a_hidden_limit_searches_no_more_than_doubling_then_bisection(start: int) -> None:
+    # The first trial shows growth (a fixed buffer the step allocates), but nothing grows with the batch, and the
+    # step raises out of memory above a hidden size: no jump may overshoot far past it.
+    fixed = [3 * MIB, 5 * MIB, 3 * MIB]
+    for limit in [*range(start, start + 300), 1000, 4095, 65_535]:
+        search = BatchSizeSearch(start, None, 64 * MIB)
+        trials = 0
+        while (size := search.next_size()) is not None:
+            trials += 1
+            fitted = size <= limit
+            search.record(size, fitted, max(fixed) if fitted else None, curve=tuple(fixed), start_bytes=3 * MIB)
+        assert search.answer == limit
+        assert trials <= doubling_then_bisection(start, limit) + 1, (limit, trials)
 
 
 def test_curves_of_different_lengths_fall_back_to_the_peaks() -> None:
