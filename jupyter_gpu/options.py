@@ -180,7 +180,7 @@ def batchprobe_parser(prog: str = "%batchprobe") -> SentenceParser:
                             usage="%(prog)s STEP [options]  (STEP(batch_size) runs one training step)  or  "
                                   "%%%(prog)s [options]  (the cell body is the step; it reads `batch_size`)")
     parser.add_argument("--start", metavar="N", type=_whole_number("--start", 1), default=2,
-                        help="first batch size (default 2)")
+                        help="first and smallest batch size tried (default 2: 1 breaks BatchNorm in training)")
     parser.add_argument("--max", dest="maximum", metavar="N", type=_whole_number("--max", 1), default=None,
                         help="largest batch size worth trying (default 65536)")
     parser.add_argument("--max-memory", type=_memory_size("--max-memory"), default=None, metavar="SIZE",

@@ -28,11 +28,13 @@ class BatchProbeMagics(Magics):
     def batchprobe(self, line: str, cell: str | None = None) -> Any:
         """Find the largest batch size that fits in memory, with the model left exactly as it was.
 
-        Each trial runs --steps real steps (so optimizer state is counted). The first trials measure peak
-        memory against the batch size and jump close to the limit; the answer is exact (N runs, N+1 does
-        not) and re-run before it is returned. Out-of-memory errors of every kind are recovered from and
-        cleaned up, including what IPython keeps alive after an earlier cell's error. Parameters, buffers,
-        gradients, optimizer and scheduler state, train/eval mode and RNG states are put back bitwise.
+        Each trial runs --steps real steps (so optimizer state is counted). Two small trials give a memory
+        model from what is live at each allocation; it is checked once, then the search tries one past the
+        limit it predicts; the answer is exact (N runs, N+1 does not), never below --start, and ran after
+        the last failure. A step that keeps memory between calls is reported as a leak, one that ignores
+        batch_size as such. Out-of-memory errors of every kind are recovered from and cleaned up, including
+        what IPython keeps alive after an earlier cell's error. Parameters, buffers, gradients, optimizer and
+        scheduler state, train/eval mode and RNG states are put back bitwise.
         """
         magic = "%%batchprobe" if cell is not None else "%batchprobe"
         options, step = self._parse(magic, line, cell)
