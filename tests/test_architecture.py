@@ -31,7 +31,7 @@ PURE = [
     "jupyter_gpu.gputime.advice", "jupyter_gpu.gputime.render", "jupyter_gpu.gputime.compare",
     "jupyter_gpu.batchprobe.search", "jupyter_gpu.batchprobe.oom", "jupyter_gpu.batchprobe.result",
     "jupyter_gpu.batchprobe.render", "jupyter_gpu.batchprobe.estimate_result", "jupyter_gpu.batchprobe.estimate_render",
-    "jupyter_gpu.batchprobe.user_line",
+    "jupyter_gpu.batchprobe.user_line", "jupyter_gpu.batchprobe.ticker",
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",

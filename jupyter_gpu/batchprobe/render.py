@@ -221,8 +221,8 @@ def _leftover_line(result: BatchProbeResult) -> str:
     names = ", ".join(_holder_text(h) for h in last["holders"]) or "something not reachable from the notebook"
     return (f"something outside the step holds tensors between calls: {names} "
             f"({format_bytes(last['bytes'])} after batch {last['batch_size']}); each trial is charged only "
-            "what it makes itself" + (" (on CUDA the allocator still counts it)" if result.device != "cpu"
-                                       and result.accounting != "live tensor bytes" else ""))
+            "what it makes itself" + (" (the CUDA allocator still counts it)"
+                                       if result.accounting != "live tensor bytes" else ""))
 
 
 def _notes(result: BatchProbeResult) -> list[str]:

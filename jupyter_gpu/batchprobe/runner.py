@@ -8,10 +8,8 @@ cleaned up after it: inside it, the exception's traceback still holds the failed
 
 from __future__ import annotations
 
-import contextvars
 import gc
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -33,6 +31,7 @@ from jupyter_gpu.batchprobe.search import (
     throughput_knee,
 )
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
+from jupyter_gpu.batchprobe.ticker import Ticker
 from jupyter_gpu.units import format_bytes, format_seconds
 
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
@@ -45,8 +44,6 @@ DEFAULT_MAX_BATCH = 65536
 # output of a few KiB per call fills a card within a long run.
 LEAK_FLOOR = 1024
 LEAK_HORIZON = 1000
-# The progress line's elapsed time is refreshed this often while a trial runs (a large trial can take minutes).
-TICK_SECONDS = 1.0
 # The report names at most this many holders of the starting memory.
 BASELINE_HOLDERS = 4
 
@@ -202,7 +199,7 @@ class _Runner:
         self.leftovers: dict[int, list[Holder]] = {}
         self.leftover_bytes: dict[int, int] = {}
         self._started = time.perf_counter()
-        self.ticker = _Ticker(self._show)
+        self.ticker = Ticker(self._show)
 
     def run(self) -> None:
         try:
@@ -313,52 +310,6 @@ class _Runner:
         self.progress(f"%batchprobe  {text}  [{format_seconds(time.perf_counter() - self._started)}]")
         if ticking:
             self.ticker.resume(text)
-
-
-class _Ticker:
-    """Refreshes the progress line's elapsed time once a second while a trial runs, from a daemon thread.
-
-    The step holds the kernel's main thread for as long as a trial takes (minutes for a large batch on a slow
-    device); without this the line would say the same elapsed time throughout and look hung.
-    """
-
-    def __init__(self, show: Callable[[str], None]) -> None:
-        self._show = show
-        self._text: str | None = None
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-
-    def resume(self, text: str) -> None:
-        with self._wake:
-            self._text = text
-            if self._thread is None:
-                # The cell's context goes with the thread: ipykernel keeps the request being answered in a
-                # context variable, and an update without it would not reach the cell's output.
-                context = contextvars.copy_context()
-                self._thread = threading.Thread(target=context.run, args=(self._loop,),
-                                                name="jupyter-gpu-batchprobe-progress", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def pause(self) -> None:
-        with self._wake:
-            self._text = None
-
-    def stop(self) -> None:
-        with self._wake:
-            self._stopped = True
-            self._text = None
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        with self._wake:
-            while not self._stopped:
-                self._wake.wait(TICK_SECONDS)
-                if self._text is not None and not self._stopped:
-                    self._show(self._text)
 
 
 def _trial_record(size: int, purpose: str, how: str, failure: Any, peak: Any, times: list[float],
