@@ -24,8 +24,9 @@ def headline(result: BatchProbeResult) -> str:
                 "fix what it keeps between calls, then probe again")
     if result.limited_by == "ignores batch_size":
         fitted = sorted(t.batch_size for t in result.trials if t.fitted)
-        return (f"batchprobe: the step apparently ignores batch_size: peak memory and step time stayed flat "
-                f"from batch {fitted[0]} to {fitted[-1]} (the --max cap), so that cap is not a capacity; check "
+        return (f"batchprobe: the step apparently ignores batch_size: peak memory stayed flat (less than a byte "
+                f"per added sample) from batch {fitted[0]} to {fitted[-1]} (the --max cap), so that cap is not a "
+                "capacity; check "
                 "that it really uses batch_size samples (a dataset smaller than the batch, a fixed input)")
     if result.max_batch_size == 0:
         if not result.trials:

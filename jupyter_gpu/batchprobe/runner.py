@@ -386,11 +386,12 @@ def _memory_model(outcomes: list[Outcome], answer: int) -> tuple[float, float] |
 
 
 def _ignores_batch_size(trials: list[Trial], search: BatchSizeSearch) -> bool:
-    """The search reached --max with peak memory and step time flat across sizes: the cap is no capacity."""
+    """The search reached --max with peak memory flat across sizes: the cap is no capacity."""
     if not search.capped:
         return False
-    points = [(t.batch_size, t.peak_bytes, t.step_seconds) for t in trials
-              if t.fitted and t.peak_bytes is not None and t.step_seconds is not None]
+    # CUDA's reserved peak moves in 2 MiB segments; its allocated peak shows growth to the 512-byte block.
+    points = [(t.batch_size, t.allocated_peak_bytes or t.peak_bytes) for t in trials
+              if t.fitted and t.peak_bytes is not None]
     return flat_in_batch_size(points)
 
 
