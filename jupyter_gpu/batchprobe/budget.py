@@ -40,15 +40,6 @@ class Peak:
     curve: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True)
-class StepMemory:
-    """One call of the step: what was live before and after it, and its own peak (all in the budget's bytes)."""
-
-    before: int
-    peak: int
-    after: int
-
-
 class Budget(Protocol):
     device: str
     accounting: str
@@ -60,8 +51,7 @@ class Budget(Protocol):
     def end_trial(self) -> None: ...
     def refused_at(self) -> int | None: ...
     def leftovers(self) -> dict[int, int]: ...
-    def begin_step(self) -> None: ...
-    def end_step(self) -> StepMemory: ...
+    def live_after_step(self) -> int: ...
     def peak(self) -> Peak: ...
     def in_use(self) -> int: ...
     def release_cache(self) -> None: ...
@@ -99,7 +89,6 @@ class StorageCounter:
         self._inherited_keys: set[int] = set()
         self._excluded: dict[int, weakref.ref] = {}
         self._curve: list[int] = []
-        self._step_before = self._step_peak = baseline
         self._refused_at = None
 
     @property
@@ -117,7 +106,7 @@ class StorageCounter:
         self._inherited_keys = {key for key, (_, _, origin) in self._storages.items()
                                 if origin != BEFORE_TRIALS and origin < self._trial_number}
         self.inherited = sum(self._storages[key][1] for key in self._inherited_keys)
-        self.peak_bytes = self._step_before = self._step_peak = self.charged
+        self.peak_bytes = self.charged
         self._curve = []
         self._refused_at: int | None = None
 
@@ -160,11 +149,9 @@ class StorageCounter:
         self.record(func, out)
         return out
 
-    def begin_step(self) -> None:
-        self._step_before = self._step_peak = self.charged
-
-    def end_step(self) -> StepMemory:
-        return StepMemory(before=self._step_before, peak=self._step_peak, after=self.charged)
+    def live_after_step(self) -> int:
+        """What a call of the step left live, as charged: compared call to call, growth is a leak."""
+        return self.charged
 
     def peak(self) -> Peak:
         return Peak(self.peak_bytes, curve=tuple(self._curve))
@@ -221,7 +208,6 @@ class StorageCounter:
         self.live += size
         charged = self.charged
         self.peak_bytes = max(self.peak_bytes, charged)
-        self._step_peak = max(self._step_peak, charged)
         return size
 
     def _freed(self, key: int, size: int) -> Any:
@@ -301,8 +287,6 @@ class AllocatorBudget:
             self._cuda.set_per_process_memory_fraction(min(1.0, limit_bytes / total), index)
         # Only to tell which CUDA storages trials left alive: the allocator, not this count, is the budget.
         self._ledger = StorageCounter(torch, "cuda")
-        self._trial_peak = Peak(0, 0)
-        self._step_before = 0
 
     def trial(self) -> AbstractContextManager[Any]:
         from contextlib import nullcontext
@@ -310,32 +294,17 @@ class AllocatorBudget:
         self._ledger.scan()
         self._ledger.start_trial()
         self._cuda.reset_peak_memory_stats(self._index)
-        self._trial_peak = Peak(0, 0)
         return nullcontext()
 
     def end_trial(self) -> None:
         # Before the restore: what is live now and new was made by this trial (or is its optimizer state).
         self._ledger.scan(self._ledger.trial_number)
 
-    def begin_step(self) -> None:
-        self._fold_peak()
-        self._cuda.reset_peak_memory_stats(self._index)
-        self._step_before = self._cuda.memory_allocated(self._index)
-
-    def end_step(self) -> StepMemory:
-        step_peak = self._cuda.max_memory_reserved(self._index)
-        return StepMemory(before=self._step_before, peak=step_peak, after=self._cuda.memory_allocated(self._index))
+    def live_after_step(self) -> int:
+        return self._cuda.memory_allocated(self._index)
 
     def peak(self) -> Peak:
-        self._fold_peak()
-        return self._trial_peak
-
-    def _fold_peak(self) -> None:
-        # The statistics are reset per step; the trial's peak is the largest of its steps'.
-        reserved = self._cuda.max_memory_reserved(self._index)
-        allocated = self._cuda.max_memory_allocated(self._index)
-        self._trial_peak = Peak(max(self._trial_peak.bytes, reserved),
-                                max(self._trial_peak.allocated_bytes or 0, allocated))
+        return Peak(self._cuda.max_memory_reserved(self._index), self._cuda.max_memory_allocated(self._index))
 
     def leftovers(self) -> dict[int, int]:
         return self._ledger.leftovers()

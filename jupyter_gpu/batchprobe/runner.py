@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, StepMemory, TensorBudget
+from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, TensorBudget
 from jupyter_gpu.batchprobe.holders import Holder, memory_holders
 from jupyter_gpu.batchprobe.oom import FailureKind, classify, describe
 from jupyter_gpu.batchprobe.release import release_last_error
@@ -233,18 +233,17 @@ class _Runner:
         self.snapshot.restore()
         started = time.perf_counter()
         times: list[float] = []
-        steps: list[StepMemory] = []
+        live_after: list[int] = []  # what each call left live
         failure = None
         try:
             with self.budget.trial(), self._autocast():
                 for _ in range(self.request.steps):
                     self.budget.synchronize()
-                    self.budget.begin_step()
                     step_started = time.perf_counter()
                     self.step(size)
                     self.budget.synchronize()
                     times.append(time.perf_counter() - step_started)
-                    steps.append(self.budget.end_step())
+                    live_after.append(self.budget.live_after_step())
         except Exception as error:
             failure = classify(error)
             if failure is None:
@@ -271,16 +270,15 @@ class _Runner:
         if purpose != RECOMMEND and self.switch_to is None:
             fitted = trial.fitted
             self.search.record(size, fitted, trial.peak_bytes if fitted else None,
-                               curve=peak.curve if fitted else None,
-                               start_bytes=steps[0].before if steps else None)
+                               curve=peak.curve if fitted else None)
         self._check_leftovers(size)
-        if trial.fitted and len(steps) >= 2:
-            self._check_leak(size, steps)
+        if trial.fitted and len(live_after) >= 2:
+            self._check_leak(size, live_after)
         self._show(_progress_line(len(self.trials), trial, self.search, self.budget.limit_bytes))
         return trial
 
-    def _check_leak(self, size: int, steps: list[StepMemory]) -> None:
-        kept = steps[-1].after - steps[-2].after
+    def _check_leak(self, size: int, live_after: list[int]) -> None:
+        kept = live_after[-1] - live_after[-2]
         if kept >= max(LEAK_FLOOR, 0.01 * self.budget.limit_bytes / LEAK_HORIZON):
             self.leak = Leak(size, kept, self.leftovers.get(size, []))
 

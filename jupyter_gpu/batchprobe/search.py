@@ -48,7 +48,6 @@ class Outcome:
     peak_bytes: int | None = None  # measured peak of a fitted trial (None: not measured)
     # Live bytes after each allocation of a fitted trial, in order (None: the budget cannot see allocations).
     curve: tuple[int, ...] | None = None
-    start_bytes: int | None = None  # what was live when the trial began (the curve's zero)
 
 
 @dataclass
@@ -68,8 +67,8 @@ class BatchSizeSearch:
             raise ValueError("maximum must be at least start")
 
     def record(self, batch_size: int, fitted: bool, peak_bytes: int | None = None,
-               curve: tuple[int, ...] | None = None, start_bytes: int | None = None) -> None:
-        self.outcomes.append(Outcome(batch_size, fitted, peak_bytes, curve if fitted else None, start_bytes))
+               curve: tuple[int, ...] | None = None) -> None:
+        self.outcomes.append(Outcome(batch_size, fitted, peak_bytes, curve if fitted else None))
 
     # -- the bracket ---------------------------------------------------------------------------------------
     @property

@@ -39,16 +39,16 @@ def run_search(start: int, maximum: int | None, budget: int | None, step: Step) 
     return search, trials
 
 
-def run_curve_search(start: int, maximum: int | None, budget: int, curve: CurveStep,
-                     starting: int) -> tuple[BatchSizeSearch, list[Trial]]:
-    """The search fed as the CPU budget feeds it: each fitted trial's curve and what was live at its start."""
+def run_curve_search(start: int, maximum: int | None, budget: int,
+                     curve: CurveStep) -> tuple[BatchSizeSearch, list[Trial]]:
+    """The search fed as the CPU budget feeds it: each fitted trial's curve."""
     search = BatchSizeSearch(start, maximum, budget)
     trials: list[Trial] = []
     while (size := search.next_size()) is not None:
         assert size >= start and (maximum is None or size <= maximum)
         live = curve(size)
         fitted = max(live) <= budget
-        search.record(size, fitted, max(live) if fitted else None, curve=tuple(live), start_bytes=starting)
+        search.record(size, fitted, max(live) if fitted else None, curve=tuple(live))
         trials.append((size, fitted, search.last_step))
         assert len(trials) <= 80, f"the search does not end: {trials[-10:]}"
     return search, trials
@@ -492,7 +492,7 @@ def test_curves_give_the_exact_answer_in_at_most_six_trials(shape: str, rounding
     reachable = []
     for target in [40, 333, 1_000, 4_581, 19_510, 65_000]:
         budget = max(curve(target)) + per_sample // 3
-        search, trials = run_curve_search(2, None, budget, curve, model_bytes)
+        search, trials = run_curve_search(2, None, budget, curve)
         expected = brute_force_limit(lambda n, b=budget: (max(curve(n)) <= b, None), None, 2)
         assert search.answer == expected, trials
         assert_answer_verified(trials, expected)
@@ -508,7 +508,7 @@ def test_a_curve_sees_the_activations_grow_under_the_optimizer_plateau() -> None
     model_bytes, activations, temporary = CURVES["mlp-adam"]
     curve = training_curve(model_bytes, activations, temporary)
     budget = 512 * MIB
-    search, trials = run_curve_search(2, None, budget, curve, model_bytes)
+    search, trials = run_curve_search(2, None, budget, curve)
     assert search.answer == brute_force_limit(lambda n: (max(curve(n)) <= budget, None), None, 2)
     first, second = trials[0][0], trials[1][0]
     assert max(curve(first)) == max(curve(second)), "both sizes peak on the plateau"
@@ -518,7 +518,7 @@ def test_a_curve_sees_the_activations_grow_under_the_optimizer_plateau() -> None
 
 def test_a_curve_that_does_not_grow_doubles_and_never_predicts() -> None:
     flat = [5 * MIB, 7 * MIB, 6 * MIB]
-    search, trials = run_curve_search(2, 4096, 64 * MIB, lambda n: flat, 5 * MIB)
+    search, trials = run_curve_search(2, 4096, 64 * MIB, lambda n: flat)
     assert search.answer == 4096 and search.capped
     assert all(how in ("start", "double") for _, _, how in trials), trials
 
@@ -534,7 +534,7 @@ def test_a_fixed_allocation_with_a_hidden_limit_searches_no_more_than_doubling_t
         while (size := search.next_size()) is not None:
             trials += 1
             fitted = size <= limit
-            search.record(size, fitted, max(fixed) if fitted else None, curve=tuple(fixed), start_bytes=3 * MIB)
+            search.record(size, fitted, max(fixed) if fitted else None, curve=tuple(fixed))
         assert search.answer == limit
         assert trials <= doubling_then_bisection(start, limit) + 1, (limit, trials)
 
@@ -547,7 +547,7 @@ def test_curves_of_different_lengths_fall_back_to_the_peaks() -> None:
         return [*events, MIB] if n > 64 else events
 
     budget = MIB + 3000 * 777 + 5
-    search, trials = run_curve_search(2, None, budget, curve, MIB)
+    search, trials = run_curve_search(2, None, budget, curve)
     assert search.answer == 777
     assert_answer_verified(trials, 777)
 
