@@ -6,6 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.testing.globalipapp import start_ipython
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 
@@ -15,6 +17,12 @@ from jupyter_gpu.gpucheck.diagnose.engine import diagnose
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.report import GpuCheckReport
+
+
+@pytest.fixture(scope="module")
+def shell() -> InteractiveShell:
+    """The one global IPython test shell (start_ipython() makes it, and returns None once it exists)."""
+    return start_ipython() or InteractiveShell.instance()
 
 
 @pytest.fixture(scope="session")

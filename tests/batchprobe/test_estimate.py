@@ -329,15 +329,6 @@ def step(batch_size):
 """
 
 
-@pytest.fixture(scope="module")
-def shell() -> Any:
-    from IPython.core.interactiveshell import InteractiveShell
-    from IPython.testing.globalipapp import start_ipython
-
-    # start_ipython() makes the one global test shell, and returns None once it exists.
-    return start_ipython() or InteractiveShell.instance()
-
-
 @pytest.fixture
 def ip(shell: Any) -> Iterator[Any]:
     names = set(shell.user_ns)

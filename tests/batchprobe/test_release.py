@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import pytest
 import torch
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
-from IPython.testing.globalipapp import start_ipython
 
 from jupyter_gpu.batchprobe.oom import FailureKind, classify
 from jupyter_gpu.batchprobe.release import clear_traceback_frames, release_last_error
@@ -66,12 +65,6 @@ def outer(bs):
         cleanup(bs)
 """,
 }
-
-
-@pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    # start_ipython() makes the one global test shell, and returns None once it exists.
-    return start_ipython() or InteractiveShell.instance()
 
 
 @pytest.fixture

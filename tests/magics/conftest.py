@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.testing.globalipapp import start_ipython
 
 
 @pytest.fixture(scope="module")
-def shell() -> InteractiveShell:
-    # start_ipython() makes the one global test shell, and returns None once it exists.
-    shell = start_ipython() or InteractiveShell.instance()
-    # A notebook kernel asks for HTML too; the terminal test shell only formats text unless told.
+def shell(shell: InteractiveShell) -> InteractiveShell:
+    # The global test shell (tests/conftest.py). A notebook kernel asks for HTML too; the terminal test shell
+    # only formats text unless told.
     if "text/html" not in shell.display_formatter.active_types:
         shell.display_formatter.active_types.append("text/html")
     shell.display_formatter.formatters["text/html"].enabled = True
