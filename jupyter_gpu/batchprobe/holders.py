@@ -20,7 +20,8 @@ from typing import Any
 from jupyter_gpu.batchprobe.state import TrainingObjects
 
 # IPython's own names and history: Out would list every tensor a cell ever displayed.
-_SKIPPED_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
+from jupyter_gpu.gpucheck.facts.notebook import IPYTHON_NAMES
+
 # How far the walk looks inside a variable (ds.tensors[0] is two steps) and how many items per container:
 # the point is naming the big holders cheaply, not a full map (a list of a million samples is one holder).
 _MAX_DEPTH = 3
@@ -76,7 +77,7 @@ def memory_holders(torch: Any, namespace: Mapping[str, Any], objects: TrainingOb
         add(name, f"{type(optimizer).__name__} state", _optimizer_tensors(optimizer))
     tensor_type = torch.Tensor
     for name, value in list(namespace.items()):
-        if isinstance(name, str) and not name.startswith("_") and name not in _SKIPPED_NAMES:
+        if isinstance(name, str) and not name.startswith("_") and name not in IPYTHON_NAMES:
             add(name, "tensors", _tensors_under(value, tensor_type))
     return sorted(holders, key=lambda holder: -holder.bytes)
 

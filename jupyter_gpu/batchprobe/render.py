@@ -194,8 +194,7 @@ def _holder_text(holder: dict[str, Any]) -> str:
 
 def _baseline_line(result: BatchProbeResult) -> str:
     text = ", ".join(_holder_text(holder) for holder in result.baseline)
-    training = set(result.restored)
-    others = [h for h in result.baseline if h["name"] not in training and not h["name"].endswith(" gradients")]
+    others = [h for h in result.baseline if h["kind"] == "tensors"]  # the notebook's variables, not training
     if not others:
         return text
     largest = others[0]
