@@ -339,3 +339,58 @@ def test_the_cuda_budget_peak_covers_every_step_and_reads_what_each_step_left() 
     assert budget.leftovers() == {}  # no CUDA storages live on this machine
     budget.close()
     assert cuda.fraction == 1.0
+
+
+# -- across trials: what existed before, what an earlier trial left ---------------------------------------
+
+
+def test_a_tensor_from_before_the_trial_gives_its_bytes_back_when_the_trial_frees_it() -> None:
+    # An earlier step's gradient that the step's own zero_grad() drops: the trial may use that memory.
+    gc.collect()
+    old = {"grad": torch.ones(10_000)}
+    budget = TensorBudget(torch, "cpu", limit_bytes=LOTS)
+    with budget.trial():
+        start = budget.live
+        old.clear()
+        assert budget.live == start - 40_000
+    budget.close()
+
+
+def test_what_an_earlier_trial_left_alive_is_not_charged_to_the_next(budget: TensorBudget) -> None:
+    kept: dict[str, torch.Tensor] = {}
+    with budget.trial():
+        kept["last"] = torch.ones(25_000)  # a hook keeping the last output
+    budget.end_trial()
+    assert sum(budget.leftovers().values()) == 100_000
+    with budget.trial():
+        assert budget.inherited == 100_000 and budget.charged == budget.live - 100_000
+        charged_at_start = budget.charged
+        kept["last"] = torch.ones(1_000)  # this trial's own output replaces it and is charged
+        assert budget.inherited == 0
+        assert budget.charged == charged_at_start + 4_000
+    assert budget.peak().bytes == charged_at_start + 4_000
+    assert sum(budget.leftovers().values()) == 4_000
+
+
+def test_the_curve_is_the_charged_bytes_after_each_allocation(budget: TensorBudget) -> None:
+    with budget.trial():
+        start = budget.charged
+        a = torch.ones(100)
+        b = torch.ones(200)
+        del a
+        c = torch.ones(50)
+    assert budget.peak().curve == (start + 400, start + 1200, start + 1000)
+    del b, c
+
+
+def test_excluded_tensors_are_never_counted() -> None:
+    # The probe's own host copies of the training state live on the CPU too; they are not the step's memory.
+    gc.collect()
+    budget = TensorBudget(torch, "cpu", limit_bytes=LOTS)
+    counted = budget.live
+    copies = [torch.ones(5_000)]
+    budget.exclude(copies)
+    with budget.trial():
+        assert budget.live == counted
+    budget.close()
+    del copies
