@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from html import escape
 
+from jupyter_gpu.gpucheck.diagnose.stack import GpuLine, LastCell, Stack
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 from jupyter_gpu.render_kit import (
     COLOUR,
@@ -13,17 +14,66 @@ from jupyter_gpu.render_kit import (
     STATUS_MARK,
     findings_html,
     findings_text,
+    rows_html,
+    rows_text,
 )
+from jupyter_gpu.units import format_bytes, format_duration
+
+SEP = " · "
 
 
 def _simulated(report: GpuCheckReport) -> bool:
     return bool((report.facts.get("context") or {}).get("simulated"))
 
 
+def _gpu_text(gpu: GpuLine) -> str:
+    parts = [gpu.name or "unnamed GPU"]
+    if gpu.memory_total is not None:
+        free = f" ({format_bytes(gpu.memory_free)} free)" if gpu.memory_free is not None else ""
+        parts.append(f"{format_bytes(gpu.memory_total)}{free}")
+    if gpu.capability:
+        parts.append(f"compute {gpu.capability}")
+    if gpu.mig_enabled is not None:
+        instances = f", {gpu.mig_instances} instance{'' if gpu.mig_instances == 1 else 's'}" if (
+            gpu.mig_enabled and gpu.mig_instances is not None) else ""
+        parts.append(f"MIG {'on' if gpu.mig_enabled else 'off'}{instances}")
+    return SEP.join(parts)
+
+
+def _last_cell_text(cell: LastCell) -> str:
+    where = f"In [{cell.execution_count}]" if cell.execution_count is not None else "the last long cell"
+    return (f"{where}, {format_duration(cell.seconds)}: {', '.join(cell.devices)} busy "
+            f"{cell.utilization_percent:.0f}% on average ({cell.samples} readings)"
+            + (SIMULATED_TEXT if cell.simulated else ""))
+
+
+def stack_rows(stack: Stack) -> list[tuple[str, str]]:
+    """The stack as (heading, text) rows: one compact block, the same in text and HTML."""
+    torch = "not installed"
+    if stack.torch:
+        built = [p for p in (stack.build and f"{stack.build} build", stack.cudnn and f"cuDNN {stack.cudnn}",
+                             stack.nccl and f"NCCL {stack.nccl}") if p]
+        torch = SEP.join([stack.torch, *built])
+    rows = [("torch", torch)]
+    rows += [(name, version) for name, version in stack.companions.items()]
+    if stack.python:
+        rows.append(("Python", f"{stack.python} on {stack.platform}" if stack.platform else stack.python))
+    driver = "none found"
+    if stack.driver:
+        driver = stack.driver + (f"{SEP}supports CUDA {stack.driver_cuda}" if stack.driver_cuda else "")
+    rows.append(("driver", driver))
+    rows += [(f"GPU {gpu.index}", _gpu_text(gpu)) for gpu in stack.gpus] or [("GPUs", "none visible")]
+    if stack.last_cell is not None:
+        rows.append(("last long cell", _last_cell_text(stack.last_cell)))
+    return rows
+
+
 def render_text(report: GpuCheckReport) -> str:
     lines = [f"{STATUS_MARK[report.status]} {report.verdict}"]
     if _simulated(report):
         lines[0] += SIMULATED_TEXT
+    if report.stack is not None:
+        lines.extend(rows_text(stack_rows(report.stack)))
     lines.extend(findings_text(report.findings))
     if report.verbose:
         lines.append("")
@@ -40,6 +90,8 @@ def render_html(report: GpuCheckReport) -> str:
         f'<div style="font-weight:600;color:{colour};font-size:1.05em">'
         f"{STATUS_MARK[report.status]} {escape(report.verdict)}{simulated}</div>",
     ]
+    if report.stack is not None:
+        parts.append(rows_html(stack_rows(report.stack)))
     parts.append(findings_html(report.findings))
     if report.verbose:
         facts = json.dumps(report.facts, indent=2, sort_keys=True, default=str)

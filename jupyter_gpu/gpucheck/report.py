@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from jupyter_gpu.gpucheck.diagnose.stack import Stack
 from jupyter_gpu.models import Finding, RichResult, Status, primary_finding
 
 REPORT_SCHEMA_VERSION = 1
@@ -68,6 +69,7 @@ class GpuCheckReport(RichResult):
     findings: list[Finding]
     facts: dict[str, Any] = field(repr=False)
     verbose: bool = False
+    stack: Stack | None = field(default=None, repr=False)  # the versions and GPUs at a glance
 
     @property
     def primary(self) -> Finding | None:
@@ -100,6 +102,7 @@ class GpuCheckReport(RichResult):
             "devices": [d.to_dict() for d in self.devices],
             "primary": self.primary.code if self.primary else None,
             "findings": [f.to_dict() for f in self.findings],
+            "stack": self.stack.to_dict() if self.stack else None,
         }
         if include_facts:
             data["facts"] = self.facts

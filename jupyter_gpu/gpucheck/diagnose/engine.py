@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_gpu.gpucheck.diagnose import device_rules, host_rules, install_rules
+from jupyter_gpu.gpucheck.diagnose import activity_rules, companion_rules, device_rules, host_rules, install_rules
+from jupyter_gpu.gpucheck.diagnose.stack import build_stack
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.gpucheck.report import Device, GpuCheckReport
@@ -38,7 +39,7 @@ def verdict_line(devices: list[Device], primary: Finding | None) -> str:
 def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckReport:
     view = FactsView(snapshot)
     findings: list[Finding] = []
-    for rule in (*install_rules.RULES, *host_rules.RULES, *device_rules.RULES):
+    for rule in (*install_rules.RULES, *host_rules.RULES, *device_rules.RULES, *companion_rules.RULES):
         findings.extend(rule(view))
     findings.extend(device_rules.cuda_not_available(view, findings))
     devices = usable_devices(view)
@@ -52,6 +53,8 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
         shm_bytes=view.system.get("shm_bytes"),
         cpu_count=view.platform.get("cpu_count"),
     ))
+    last_cell = activity_rules.last_long_cell(view)
+    findings.extend(activity_rules.low_utilization(last_cell))
     findings = _dedupe(order_findings(findings))
     return GpuCheckReport(
         status=overall_status(findings),
@@ -61,6 +64,7 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
         findings=findings,
         facts=snapshot,
         verbose=verbose,
+        stack=build_stack(view, last_cell),
     )
 
 

@@ -19,6 +19,7 @@ def install_advice(view: FactsView, *, keep_version: bool = True) -> InstallAdvi
         gpu_ccs=ccs,
         installed_torch=view.torch_version if keep_version and view.torch_installed else None,
         with_torchvision=bool(view.install.get("torchvision")),
+        with_torchaudio=bool(view.install.get("torchaudio")),
         rocm=rocm,
     )
 

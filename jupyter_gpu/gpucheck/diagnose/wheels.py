@@ -44,11 +44,43 @@ class TorchRelease:
 
     @property
     def torchvision(self) -> str:
-        # torchvision 0.N pairs with torch 2.(N-15) throughout the table (2.5 -> 0.20 ... 2.14 -> 0.29).
-        return f"0.{self.minor[1] + 15}"
+        return torchvision_minor(self.minor)
 
     def spec(self) -> str:
         return self.latest_patch or f"{self.minor[0]}.{self.minor[1]}.*"
+
+
+def torchvision_minor(torch_minor: tuple[int, int]) -> str:
+    # torchvision 0.N pairs with torch 2.(N-15) throughout the table (2.5 -> 0.20 ... 2.14 -> 0.29).
+    return f"0.{torch_minor[1] + 15}"
+
+
+def paired_companion(name: str, torch_version: str) -> str | None:
+    """The torchvision or torchaudio release built for this torch: 2.13.0+cpu -> torchvision 0.28.0, torchaudio
+    2.13.0 (both keep torch's patch number). None for a torch outside the 2.x line."""
+    base = _base_version(torch_version)
+    minor = _release_minor(torch_version)
+    if base is None or minor is None or minor[0] != 2:
+        return None
+    if name == "torchvision":
+        return f"{torchvision_minor(minor)}.{base.rsplit('.', 1)[1]}"
+    return base if name == "torchaudio" else None
+
+
+def companion_torch_minor(name: str, version: str) -> tuple[int, int] | None:
+    """The torch release a companion version belongs to: torchvision 0.28.x -> (2, 13), torchaudio 2.13.x -> (2, 13)."""
+    minor = _release_minor(version)
+    if minor is None:
+        return None
+    if name == "torchvision":
+        return (2, minor[1] - 15) if minor[0] == 0 and minor[1] >= 15 else None
+    return minor
+
+
+def local_variant(version: str) -> str | None:
+    """The wheel index a version's local label names: "2.13.0+cu126" -> "cu126", "+cpu" -> "cpu"; None unlabelled."""
+    label = version.partition("+")[2]
+    return label or None
 
 
 def _arch(codes: str, ptx: str | None = None) -> tuple[str, ...]:
@@ -249,11 +281,15 @@ def _quote(spec: str) -> str:
     return f'"{spec}"' if "*" in spec else spec
 
 
-def _advice(rel: TorchRelease, spec: str, suffix: str, with_tv: bool, alt: str | None, reason: str
-            ) -> InstallAdvice:
+def _advice(rel: TorchRelease, spec: str, suffix: str, companions: tuple[bool, bool], alt: str | None,
+            reason: str) -> InstallAdvice:
+    # (torchvision, torchaudio): the companions installed beside torch are reinstalled with it, paired.
+    with_tv, with_ta = companions
     pkgs = [_quote(f"torch=={spec}")]
     if with_tv:
         pkgs.append(_quote(f"torchvision=={rel.torchvision}.*"))
+    if with_ta:
+        pkgs.append(_quote(f"torchaudio=={rel.minor[0]}.{rel.minor[1]}.*"))
     url = INDEX_BASE + suffix
     cmd = f"%pip install --force-reinstall {' '.join(pkgs)} --index-url {url}"
     return InstallAdvice(spec, suffix, url, cmd, alt, reason)
@@ -269,8 +305,10 @@ def _unsupported_gpus(base: str | None, ccs: list[tuple[int, int]]) -> InstallAd
 
 
 def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]], installed_torch: str | None,
-                      with_torchvision: bool = False, rocm: bool = False) -> InstallAdvice:
+                      with_torchvision: bool = False, with_torchaudio: bool = False, rocm: bool = False
+                      ) -> InstallAdvice:
     """The catalogue's §5.3 algorithm: the wheel to install for this driver and these GPUs."""
+    companions = (with_torchvision, with_torchaudio)
     minor = _release_minor(installed_torch) if installed_torch else None
     installed_rel = RELEASES.get(minor) if minor else None
     base = _base_version(installed_torch) if installed_torch else None
@@ -283,7 +321,7 @@ def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]]
         else:
             rel, suffix = next((r, r.rocm) for r in _released_newest_first() if r.rocm)
             spec = rel.spec()
-        return _advice(rel, spec, suffix, with_torchvision, None,
+        return _advice(rel, spec, suffix, companions, None,
                        f"Torch {spec} for AMD GPUs comes from the {suffix} index.")
 
     if driver_cuda is None:
@@ -295,7 +333,7 @@ def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]]
             fits.sort(key=lambda v: (v.suffix != rel.pypi_default, v.experimental, -v.cuda[0], -v.cuda[1]))
             if fits:
                 v = fits[0]
-                return _advice(rel, spec, v.suffix, with_torchvision, None,
+                return _advice(rel, spec, v.suffix, companions, None,
                                f"The NVIDIA driver version is unknown, so this is torch {spec}'s "
                                f"{'PyPI default' if v.suffix == rel.pypi_default else 'matching'} "
                                f"{v.suffix} variant, which needs a driver >= "
@@ -337,4 +375,4 @@ def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]]
                f"these GPUs; torch {spec} is the newest release with one ({v.suffix})")
     else:
         why = f"torch {spec} is the newest release with a build ({v.suffix}) for a CUDA {drv_str} driver"
-    return _advice(rel, spec, v.suffix, with_torchvision, alt, why[0].upper() + why[1:] + ".")
+    return _advice(rel, spec, v.suffix, companions, alt, why[0].upper() + why[1:] + ".")

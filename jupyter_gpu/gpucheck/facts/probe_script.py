@@ -92,21 +92,49 @@ def distribution_facts(name):
     return found
 
 
-def install_facts():
-    import glob
+COMPANIONS = ("torchvision", "torchaudio")
+TORCH_PIN = re.compile(r"^torch\s*\(?\s*==\s*([^\s;,)]+)", re.I)
+
+
+def package_dir(name):
     import importlib.util
 
-    out = {"distributions": distribution_facts("torch"), "spec_origin": None, "build": None}
-    for companion in ("torchvision", "torchaudio"):
-        dists = distribution_facts(companion)
-        out[companion] = dists[0]["version"] if dists else None
-    spec = importlib.util.find_spec("torch")  # finds without importing a top-level package
+    spec = importlib.util.find_spec(name)  # finds without importing a top-level package
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return spec, (locations[0] if locations else None)
+
+
+def companion_facts(name):
+    """torchvision or torchaudio as installed on disk: version, the torch it was built for, its version.py."""
+    from importlib import metadata
+
+    dists = distribution_facts(name)
+    if not dists:
+        return None
+    pins = []
+    for dist in metadata.distributions(name=name):
+        pins += [m.group(1) for r in dist.requires or [] for m in [TORCH_PIN.match(r)] if m]
+        break
+    _, folder = package_dir(name)
+    return {"version": dists[0]["version"], "location": dists[0]["location"], "installs": len(dists),
+            "requires_torch": pins[0] if pins else None, "package_dir": folder,
+            "build": read_version_file(folder) if folder else None}
+
+
+def install_facts():
+    import glob
+
+    out = {"distributions": distribution_facts("torch"), "spec_origin": None, "build": None, "companions": {}}
+    for companion in COMPANIONS:
+        facts = companion_facts(companion)
+        out["companions"][companion] = facts
+        out[companion] = facts["version"] if facts else None
+    spec, folder = package_dir("torch")
     if spec is not None:
         out["spec_origin"] = spec.origin
-        locations = list(spec.submodule_search_locations or [])
-        if locations:
-            out["package_dir"] = locations[0]
-            out["build"] = read_version_file(locations[0])
+        if folder:
+            out["package_dir"] = folder
+            out["build"] = read_version_file(folder)
     conda = []
     for path in glob.glob(os.path.join(sys.prefix, "conda-meta", "pytorch-*.json")):
         try:
@@ -165,6 +193,7 @@ def nvml_device(pynvml, index):
     read("compute_capability", lambda: list(pynvml.nvmlDeviceGetCudaComputeCapability(handle)))
     read("memory_total", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).total))
     read("memory_used", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used))
+    read("memory_free", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).free))
     read("compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
     # Named as the live metrics name them (jupyter_gpu.metrics.sample): mig_enabled, mig_instances, memory_used.
     # The current mode, not the pending one; NVML_DEVICE_MIG_ENABLE is 1.
@@ -205,9 +234,31 @@ def torch_facts():
             cuda_facts(torch, out)
         except Exception as exc:  # torch imported, but a later query failed: keep what was learnt
             out["cuda_error"] = _error_text(exc)
+        # Imported here, beside the same torch, so their errors ("operator torchvision::nms does not exist")
+        # are quoted verbatim; only those installed, since each import costs time.
+        out["companions"] = {name: companion_import(name) for name in COMPANIONS if package_dir(name)[0]}
     out["warnings"] = [str(w.message) for w in caught]
     out["loaded_libraries"] = loaded_gpu_libraries()
     return out
+
+
+def companion_import(name):
+    import importlib
+
+    try:
+        module = importlib.import_module(name)
+    except BaseException as exc:  # RuntimeError, OSError (undefined symbol), ImportError alike
+        return {"ok": False, "error": _error_text(exc)}
+    return {"ok": True, "version": getattr(module, "__version__", None)}
+
+
+def nccl_version(torch):
+    """"2.27.3" for a CUDA build with NCCL; None without (CPU, macOS, Windows builds)."""
+    try:
+        parts = torch.cuda.nccl.version()
+    except Exception:  # AttributeError/RuntimeError: this build has no NCCL
+        return None
+    return ".".join(str(part) for part in parts) if isinstance(parts, tuple) else str(parts)
 
 
 def cuda_facts(torch, out):
@@ -236,6 +287,7 @@ def cuda_facts(torch, out):
         out["cudnn_version"] = torch.backends.cudnn.version() if compiled else None
     except Exception as exc:
         out["cudnn_error"] = _error_text(exc)
+    out["nccl_version"] = nccl_version(torch) if compiled else None
     try:
         out["mps"] = {"built": bool(torch.backends.mps.is_built()),
                       "available": bool(torch.backends.mps.is_available())}
