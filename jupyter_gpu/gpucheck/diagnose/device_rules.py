@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, install_advice, pip_fix_lines
-from jupyter_gpu.gpucheck.diagnose.view import FactsView
+from jupyter_gpu.gpucheck.diagnose.view import CudaDeviceSlot, FactsView
+from jupyter_gpu.gpucheck.diagnose.visibility import canonical_uuid
 from jupyter_gpu.gpucheck.diagnose.wheels import (
     MIN_DRIVER_FOR_CUDA_MAJOR,
     arch_flags_for,
@@ -55,19 +56,49 @@ def visible_devices_hide_gpus(view: FactsView) -> list[Finding]:
         refs=["pytorch#63226", "pytorch/examples#115"], layer=LAYER_VISIBILITY)]
 
 
+def _kernel_uses_other_devices(view: FactsView, selected: list[CudaDeviceSlot], in_use: list[dict],
+                               device_count: int) -> bool:
+    """The same number of devices, but other GPUs (or the same ones in another order), by UUID.
+
+    Compared only when every UUID on both sides is known and CUDA's numbering is NVML's, so a missing
+    UUID or an unknowable order never raises a false alarm.
+    """
+    uuids = [canonical_uuid(d.get("uuid")) for d in in_use]
+    if not (view.cuda_order_known and uuids and len(uuids) == device_count and all(uuids)
+            and all(slot.uuids for slot in selected)):
+        return False
+    if any(slot.mig for slot in selected):
+        allowed = set().union(*(slot.uuids for slot in selected))
+        return any(u not in allowed for u in uuids)
+    return len(uuids) == len(selected) and any(u not in slot.uuids for u, slot in zip(uuids, selected, strict=True))
+
+
 def visible_devices_changed_after_init(view: FactsView) -> list[Finding]:
+    """CUDA reads CUDA_VISIBLE_DEVICES once, at its start: a later change is silently ignored.
+
+    Caught when the number of devices differs, and also when it is the same but the GPUs are not: the
+    UUIDs of the kernel's CUDA devices against what the variable selects now.
+    """
     kernel = view.in_kernel
     if not kernel.get("cuda_initialized") or kernel.get("device_count") is None or not view.nvml_ok:
         return []
-    expected = len(view.visible_nvml_devices())
-    if view.visibility.mode == "uuids" or expected == kernel["device_count"]:
+    selected = view.cuda_selection_now()
+    in_use = [d for d in kernel.get("devices") or [] if isinstance(d, dict)]
+    # MIG instances hide how many devices CUDA counts, so there only their UUIDs can be compared.
+    mig = any(slot.mig for slot in selected)
+    count_differs = not mig and len(selected) != kernel["device_count"]
+    if not (count_differs or _kernel_uses_other_devices(view, selected, in_use, kernel["device_count"])):
         return []
+    using = [f"cuda:{d.get('index', i)} = {view.describe_cuda_device(d.get('uuid'), d.get('name'))}"
+             for i, d in enumerate(in_use)] or [f"{kernel['device_count']} GPU(s)"]
+    chosen = [slot.label for slot in selected] or ["no GPU"]
     return [Finding(
         "CUDA_VISIBLE_DEVICES_CHANGED_AFTER_INIT", "warn",
-        f"CUDA_VISIBLE_DEVICES now selects {expected} GPU(s) but this kernel's CUDA, started earlier, "
-        f"still uses {kernel['device_count']}: the change is ignored until a restart.",
+        f"CUDA_VISIBLE_DEVICES now selects {'; '.join(chosen)}, but this kernel's CUDA, started earlier, "
+        f"still uses {'; '.join(using)}: the change is ignored until a restart.",
         evidence={"CUDA_VISIBLE_DEVICES": view.env.get("CUDA_VISIBLE_DEVICES"),
-                  "kernel_device_count": kernel["device_count"], "selected_now": expected},
+                  "kernel_device_count": kernel["device_count"], "selected_now": len(selected),
+                  "kernel_devices": using, "selected_devices": chosen},
         fix=["Restart the kernel and set the variable in the first cell, before `import torch`."],
         refs=["pytorch#40618", "pytorch#23544"], layer=LAYER_VISIBILITY)]
 

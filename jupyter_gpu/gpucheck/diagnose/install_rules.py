@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import posixpath
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
-from jupyter_gpu.gpucheck.paths import PATH_SEPARATOR, prefix_of_interpreter
 from jupyter_gpu.models import LAYER_BUILD, LAYER_KERNEL, Finding
 
 REFS_KERNEL = ["jupyter/notebook#4629", "jupyter/jupyter#270"]
@@ -29,32 +27,35 @@ def kernel_probe_failed(view: FactsView) -> list[Finding]:
 
 def other_environments_with_torch(view: FactsView) -> list[dict[str, Any]]:
     """Environments the user may think they use (active venv/conda, python on PATH, kernelspecs)."""
-    own_prefix = posixpath.normpath(view.python.get("prefix") or "")
+    paths = view.paths
+    own_prefix = view.python.get("prefix") or ""
     found = []
     for label, other in (view.kernel.get("other_environments") or {}).items():
-        if posixpath.normpath(other["prefix"]) != own_prefix and other.get("torch"):
-            found.append({"where": label, "prefix": other["prefix"], "torch": other["torch"]})
+        if not paths.same(other["prefix"], own_prefix) and other.get("torch"):
+            found.append({"where": label, "prefix": other["prefix"], "torch": other["torch"],
+                          "python": other.get("python")})
     for spec in view.kernel.get("kernelspecs") or []:
         python = spec.get("python") or ""
-        spec_prefix = prefix_of_interpreter(python)
-        if spec.get("torch") and posixpath.normpath(spec_prefix) != own_prefix:
-            found.append({"where": f"kernel '{spec['name']}'", "prefix": spec_prefix,
+        spec_prefix = paths.prefix_of_interpreter(python)
+        if spec.get("torch") and not paths.same(spec_prefix, own_prefix):
+            found.append({"where": f"kernel '{spec['name']}'", "prefix": spec_prefix, "python": python,
                           "torch": spec["torch"], "kernelspec": spec["name"],
                           "display_name": spec.get("display_name")})
     return found
 
 
 def env_mismatch_signals(view: FactsView) -> dict[str, str]:
-    prefix = posixpath.normpath(view.python.get("prefix") or "")
+    paths = view.paths
+    prefix = view.python.get("prefix") or ""
     signals = {}
     venv = view.kernel.get("virtual_env")
-    if venv and posixpath.normpath(venv) != prefix:
+    if venv and not paths.same(venv, prefix):
         signals["VIRTUAL_ENV"] = venv
     conda = view.kernel.get("conda_prefix")
-    if conda and posixpath.normpath(conda) not in (prefix, posixpath.normpath(view.python.get("base_prefix") or "")):
+    if conda and not (paths.same(conda, prefix) or paths.same(conda, view.python.get("base_prefix"))):
         signals["CONDA_PREFIX"] = conda
     which_python = view.kernel.get("which_python")
-    if which_python and posixpath.normpath(prefix_of_interpreter(which_python)) != prefix:
+    if which_python and not paths.same(paths.prefix_of_interpreter(which_python), prefix):
         signals["python on PATH"] = which_python
     return signals
 
@@ -69,13 +70,13 @@ def torch_missing_or_env_mismatch(view: FactsView) -> list[Finding]:
     evidence = {"kernel_python": python, "kernel_prefix": view.python.get("prefix"), **signals}
     if others and (not view.torch_installed or (view.cpu_only_build and cuda_elsewhere)):
         best = (cuda_elsewhere or others)[0]
-        env_python = f"{best['prefix']}/bin/python"
+        env_python = best.get("python") or view.paths.interpreters_in_prefix(best["prefix"])[0]
         fix = []
         if best.get("kernelspec"):
             fix.append(f"Kernel → Change Kernel → \"{best.get('display_name') or best['kernelspec']}\" "
                        f"(that environment has torch {best['torch']['version']})")
         else:
-            name = posixpath.basename(best["prefix"].rstrip("/")) or "env"
+            name = view.paths.basename(best["prefix"]) or "env"
             fix.append(f"{env_python} -m pip install ipykernel && {env_python} -m ipykernel install --user "
                        f"--name {name} --display-name \"Python ({name})\"  # then Kernel → Change Kernel")
         fix.append("Or install into this kernel itself with %pip (never !pip, which may target another env):")
@@ -116,20 +117,21 @@ def shadowed_install(view: FactsView) -> list[Finding]:
     locations = [d["location"] for d in dists]
     # A `torch/` folder in the working directory or on PYTHONPATH, with no install behind it, wins over the
     # real package (source checkouts installed in develop mode are not flagged: they have a dist elsewhere).
-    stray_roots = [view.python.get("cwd") or "", *view.env.get("PYTHONPATH", "").split(PATH_SEPARATOR)]
-    package_parent = posixpath.dirname(posixpath.dirname(origin))
-    outside = not any(origin.startswith(posixpath.join(loc, "")) for loc in locations) and any(
-        root and posixpath.normpath(root) == posixpath.normpath(package_parent) for root in stray_roots)
+    paths = view.paths
+    stray_roots = [view.python.get("cwd") or "", *paths.split_list(view.env.get("PYTHONPATH"))]
+    package_parent = paths.dirname(paths.dirname(origin))
+    outside = not any(paths.is_inside(origin, loc) for loc in locations) and any(
+        paths.same(root, package_parent) for root in stray_roots)
     if len(dists) <= 1 and not outside:
         return []
     user_site = view.python.get("user_site") or ""
     fix = []
-    if any(loc.startswith(user_site) for loc in locations if user_site):
+    if any(paths.is_inside(loc, user_site) or paths.same(loc, user_site) for loc in locations if user_site):
         fix.append(f"{view.kernel_python} -m pip uninstall -y torch   # run with PYTHONNOUSERSITE unset, "
                    "to remove the ~/.local copy")
         fix.append('Or add "env": {"PYTHONNOUSERSITE": "1"} to the kernelspec so the user site is ignored.')
     if outside:
-        fix.append(f"Rename or remove {posixpath.dirname(origin)}: it is imported instead of the installed torch.")
+        fix.append(f"Rename or remove {paths.dirname(origin)}: it is imported instead of the installed torch.")
     if not fix:
         fix.append(f"Remove the extra copies so one torch remains: {view.kernel_python} -m pip uninstall torch")
     return [Finding(
@@ -147,8 +149,7 @@ def stale_import(view: FactsView) -> list[Finding]:
     on_disk = (view.install.get("build") or {}).get("version") or view.torch_version
     origin = view.install.get("spec_origin")
     version_changed = bool(on_disk and imported.get("version") and imported["version"] != on_disk)
-    file_changed = bool(origin and imported.get("file") and
-                        posixpath.normpath(imported["file"]) != posixpath.normpath(origin))
+    file_changed = bool(origin and imported.get("file") and not view.paths.same(imported["file"], origin))
     if not (version_changed or file_changed):
         return []
     return [Finding(
@@ -184,7 +185,7 @@ def import_broken(view: FactsView) -> list[Finding]:
     error = view.torch_import_error
     if not error:
         return []
-    ld_path = [p for p in view.env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    ld_path = view.paths.library_search_path(view.env)
     if ld_path and ("undefined symbol" in error or "cannot open shared object" in error):
         return [Finding(
             "LD_LIBRARY_PATH_SHADOWING", "fail",

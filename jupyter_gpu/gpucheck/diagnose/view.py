@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, parse_visible_devices
+from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
+from jupyter_gpu.gpucheck.paths import PathFlavour, flavour_of_snapshot
 
 ERROR_NUMBER = re.compile(r"Error (\d+)")
 FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
@@ -38,6 +39,15 @@ class NvmlDevice:
         )
 
 
+@dataclass(frozen=True)
+class CudaDeviceSlot:
+    """One CUDA device the variable selects now: the UUIDs CUDA may report for it, and how to name it."""
+
+    uuids: frozenset[str]  # canonical: a GPU's own, or those of its MIG instances
+    label: str
+    mig: bool
+
+
 class FactsView:
     def __init__(self, snapshot: dict[str, Any]) -> None:
         self.raw = snapshot
@@ -52,6 +62,8 @@ class FactsView:
         self.notebook: dict[str, Any] | None = snapshot.get("notebook")
         self.hosting: dict[str, Any] = self.system.get("hosting") or {}
         self.platform: dict[str, Any] = self.system.get("platform") or {}
+        # The checked machine's path rules (a Windows snapshot splits PYTHONPATH on ';').
+        self.paths: PathFlavour = flavour_of_snapshot(snapshot)
 
     # -- the kernel's Python and torch install -------------------------------------------------------
     @property
@@ -165,7 +177,12 @@ class FactsView:
     @property
     def nvidia_present(self) -> bool:
         return bool(self.nvidia_pci or self.nvidia_gpu_nodes or self.driver.get("proc_version_text")
-                    or (self.nvml_ok and self.nvml_devices))
+                    or (self.nvml_ok and self.nvml_devices) or self.windows_driver_installed)
+
+    @property
+    def windows_driver_installed(self) -> bool:
+        """Windows has no /proc or /dev: the NVIDIA driver shows itself by nvcuda.dll in System32."""
+        return self.paths.windows and bool((self.driver.get("libraries") or {}).get("nvcuda.dll"))
 
     @property
     def in_container(self) -> bool:
@@ -229,6 +246,64 @@ class FactsView:
             return [d for d in devices if selected(d)]
         by_index = {d.index: d for d in devices}
         return [by_index[i] for i in vis.indices if i in by_index]
+
+    def cuda_selection_now(self) -> list[CudaDeviceSlot]:
+        """The CUDA devices CUDA_VISIBLE_DEVICES selects now, in CUDA's order when `cuda_order_known`."""
+        vis = self.visibility
+        if vis.mode == "uuids":
+            return self._slots_for_uuids(vis.uuids)
+        return [self._gpu_slot(d) for d in self.visible_nvml_devices()]
+
+    @property
+    def cuda_order_known(self) -> bool:
+        """Whether CUDA's device N is NVML's GPU N. By index, CUDA counts GPUs fastest first unless
+        CUDA_DEVICE_ORDER=PCI_BUS_ID, while NVML counts them by PCI bus: they agree only then, or when every
+        GPU is the same model. A list of UUIDs names the GPUs themselves."""
+        if self.visibility.mode == "uuids" or self.env.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+            return True
+        return len({d.name for d in self.nvml_devices}) <= 1
+
+    def _gpu_slot(self, device: NvmlDevice) -> CudaDeviceSlot:
+        # A MIG-enabled GPU shows up in CUDA as one of its instances, so any of their UUIDs stands for it.
+        uuids = {canonical_uuid(device.uuid), *(canonical_uuid(m.get("uuid")) for m in device.mig_instances or [])}
+        return CudaDeviceSlot(frozenset(u for u in uuids if u), self.describe_gpu(device), bool(device.mig_enabled))
+
+    def _slots_for_uuids(self, tokens: tuple[str, ...]) -> list[CudaDeviceSlot]:
+        slots: list[CudaDeviceSlot] = []
+        for token in tokens:
+            wanted = canonical_uuid(token, partial=True) or ""
+            slot = next((s for d in self.nvml_devices for s in self._token_slot(d, wanted)), None)
+            if slot is None:
+                break  # CUDA stops at the first entry it cannot match
+            slots.append(slot)
+        if any(s.mig for s in slots):
+            # One process gets one MIG instance: the first one listed.
+            slots = [next(s for s in slots if s.mig)]
+        return slots
+
+    def _token_slot(self, device: NvmlDevice, wanted: str) -> list[CudaDeviceSlot]:
+        for instance in device.mig_instances or []:
+            if wanted and canonical_uuid(instance.get("uuid")) == wanted:
+                label = f"MIG instance {short_uuid(instance.get('uuid'))} of GPU {device.index} ({device.name})"
+                return [CudaDeviceSlot(frozenset({wanted}), label, mig=True)]
+        own = canonical_uuid(device.uuid)
+        if wanted and own and own.startswith(wanted):
+            return [self._gpu_slot(device)]
+        return []
+
+    def describe_gpu(self, device: NvmlDevice) -> str:
+        return f"GPU {device.index} ({device.name}, {short_uuid(device.uuid)})"
+
+    def describe_cuda_device(self, uuid: str | None, name: str | None) -> str:
+        """Name a device the kernel's CUDA reports as nvidia-smi would (its NVML index), when NVML knows it."""
+        wanted = canonical_uuid(uuid)
+        for device in self.nvml_devices:
+            if wanted and canonical_uuid(device.uuid) == wanted:
+                return self.describe_gpu(device)
+            slot = self._token_slot(device, wanted or "")
+            if slot and slot[0].mig:
+                return slot[0].label
+        return f"{name or 'a GPU'} ({short_uuid(uuid)})"
 
     @property
     def pid(self) -> int | None:

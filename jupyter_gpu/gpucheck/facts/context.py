@@ -8,10 +8,14 @@ test can lay out a whole fake machine in a temporary folder (files, device nodes
 from __future__ import annotations
 
 import os
+import platform
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from jupyter_gpu.gpucheck.paths import PathFlavour, flavour_of_system
 
 ROOT_VARIABLE = "JUPYTER_GPU_ROOT"
 DEFAULT_PROBE_TIMEOUT_S = 60.0
@@ -31,6 +35,17 @@ class ProbeContext:
     access: Callable[[str], bool] | None = None
     # The modules the *kernel* has imported (sys.modules by default): where the in-kernel torch is read.
     modules: Mapping[str, object] = field(default_factory=lambda: sys.modules)
+    # The checked machine's `platform.system()`: a test stamps a fake machine as "Windows", and every
+    # platform-specific reader asks this, not the host it runs on.
+    system: str = field(default_factory=platform.system)
+
+    @property
+    def flavour(self) -> PathFlavour:
+        return flavour_of_system(self.system)
+
+    @property
+    def windows(self) -> bool:
+        return self.flavour.windows
 
     @classmethod
     def from_environment(cls, root: str | None = None, **overrides: object) -> ProbeContext:
@@ -39,7 +54,13 @@ class ProbeContext:
         return cls(root=Path(chosen), env=env, **overrides)  # type: ignore[arg-type]
 
     def path(self, absolute: str) -> Path:
-        """Map an absolute machine path into the root folder."""
+        """Map an absolute machine path into the root folder (C:\\x\\y goes to <root>/C/x/y)."""
+        if self.root == Path(self.root.anchor):
+            return Path(absolute)  # the real machine: its own paths, whatever their flavour
+        if self.windows:
+            drive, rest = self.flavour.module.splitdrive(absolute)
+            parts = [part for part in re.split(r"[\\/]", rest) if part]
+            return self.root.joinpath(drive.rstrip(":"), *parts) if drive else self.root.joinpath(*parts)
         return self.root / absolute.lstrip("/")
 
     def read_text(self, absolute: str, limit: int = 65536) -> str | None:
@@ -73,7 +94,8 @@ class ProbeContext:
             if not os.path.islink(mapped):
                 return current
             target = os.readlink(mapped)
-            current = target if target.startswith("/") else os.path.normpath(
-                os.path.join(os.path.dirname(current), target)
+            paths = self.flavour
+            current = target if paths.is_absolute(target) else paths.module.normpath(
+                paths.join(paths.dirname(current), target)
             )
         return None

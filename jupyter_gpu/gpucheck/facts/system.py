@@ -1,4 +1,9 @@
-"""Host facts read from files under the context root: driver, device nodes, PCI, container, WSL, shm."""
+"""Host facts read from files under the context root: driver, device nodes, PCI, container, WSL, shm.
+
+Most of these are Linux files (/proc, /sys, /dev). On a machine the context says is Windows they are not
+read at all (a C:\\proc folder means nothing there): the snapshot keeps its shape with empty values, and
+the Windows driver is found by its DLLs instead.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +21,14 @@ VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 # Where distributions put the user-space driver libraries; WSL maps the Windows driver's copies.
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
                 "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib")
+# The NVIDIA Windows driver installs these into System32; their presence is the driver's, not a toolkit's.
+WINDOWS_DRIVER_LIBRARIES = ("nvcuda.dll", "nvml.dll")
 DEVICE_NODE = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-nvswitchctl|-nvswitch\d+)$")
 
 
 def driver_facts(ctx: ProbeContext) -> dict[str, Any]:
+    if ctx.windows:
+        return windows_driver_facts(ctx)
     text = ctx.read_text(DRIVER_VERSION_FILE)
     match = KERNEL_MODULE_VERSION.search(text or "")
     return {
@@ -29,6 +38,16 @@ def driver_facts(ctx: ProbeContext) -> dict[str, Any]:
         "sys_module_nvidia_uvm": ctx.exists("/sys/module/nvidia_uvm"),
         "libraries": {name: library_facts(ctx, name) for name in ("libcuda.so.1", "libnvidia-ml.so.1")},
     }
+
+
+def windows_driver_facts(ctx: ProbeContext) -> dict[str, Any]:
+    system32 = ctx.flavour.join(ctx.env.get("SystemRoot") or ctx.env.get("SYSTEMROOT") or "C:\\Windows", "System32")
+    found: dict[str, list[dict[str, str | None]]] = {}
+    for name in WINDOWS_DRIVER_LIBRARIES:
+        path = ctx.flavour.join(system32, name)
+        found[name] = [{"path": path, "resolved": path}] if ctx.exists(path) else []
+    return {"proc_version_text": None, "kernel_module_version": None, "sys_module_nvidia": False,
+            "sys_module_nvidia_uvm": False, "libraries": found}
 
 
 def library_facts(ctx: ProbeContext, name: str) -> list[dict[str, str | None]]:
@@ -42,6 +61,8 @@ def library_facts(ctx: ProbeContext, name: str) -> list[dict[str, str | None]]:
 
 
 def device_node_facts(ctx: ProbeContext) -> list[dict[str, Any]]:
+    if ctx.windows:
+        return []  # Windows has no device files: the driver is reached through its DLLs
     nodes = []
     for name in ctx.listdir("/dev"):
         if DEVICE_NODE.match(name) or name in ("dxg", "kfd"):
@@ -55,6 +76,8 @@ def device_node_facts(ctx: ProbeContext) -> list[dict[str, Any]]:
 
 
 def pci_gpu_facts(ctx: ProbeContext) -> list[dict[str, str]]:
+    if ctx.windows:
+        return []  # no /sys on Windows; NVML lists the GPUs there
     gpus = []
     for address in ctx.listdir("/sys/bus/pci/devices"):
         base = f"/sys/bus/pci/devices/{address}"
@@ -75,9 +98,11 @@ def pci_gpu_facts(ctx: ProbeContext) -> list[dict[str, str]]:
 
 
 def hosting_facts(ctx: ProbeContext) -> dict[str, Any]:
+    env = ctx.env
+    if ctx.windows:
+        return windows_hosting_facts(ctx)
     cgroup = ctx.read_text("/proc/1/cgroup") or ""
     osrelease = (ctx.read_text("/proc/sys/kernel/osrelease") or "").strip()
-    env = ctx.env
     return {
         "docker": ctx.exists("/.dockerenv"),
         "podman": ctx.exists("/run/.containerenv"),
@@ -94,26 +119,48 @@ def hosting_facts(ctx: ProbeContext) -> dict[str, Any]:
     }
 
 
+def windows_hosting_facts(ctx: ProbeContext) -> dict[str, Any]:
+    """The same questions from the environment alone: Windows kernels are not containerised the Linux way."""
+    env = ctx.env
+    return {
+        "docker": False, "podman": False, "cgroup_container": False,
+        "kubernetes": "KUBERNETES_SERVICE_HOST" in env,
+        "wsl": False,  # WSL is a Linux kernel: a Windows-side Python is never inside it
+        "kernel_release": None,
+        "colab": "COLAB_RELEASE_TAG" in env,
+        "kaggle": "KAGGLE_KERNEL_RUN_TYPE" in env,
+        "slurm_job": env.get("SLURM_JOB_ID"),
+        "slurm_cluster": False,
+        "hostname": env.get("COMPUTERNAME") or None,
+    }
+
+
 def shm_bytes(ctx: ProbeContext) -> int | None:
+    """Size of /dev/shm, where DataLoader workers pass batches; Windows has none (workers use pipes there)."""
+    statvfs = getattr(os, "statvfs", None)  # absent from Windows' os module, whatever the context says
+    if ctx.windows or statvfs is None:
+        return None
     try:
-        stats = os.statvfs(ctx.path("/dev/shm"))
+        stats = statvfs(ctx.path("/dev/shm"))
     except OSError:
         return None
     return stats.f_frsize * stats.f_blocks
 
 
-def platform_facts() -> dict[str, Any]:
+def platform_facts(ctx: ProbeContext) -> dict[str, Any]:
+    # machine and release describe the host this code runs on: kept only when the context checks that host.
+    same_host = ctx.system == platform.system()
     return {
-        "system": platform.system(),
-        "machine": platform.machine(),
-        "release": platform.release(),
+        "system": ctx.system,
+        "machine": platform.machine() if same_host else None,
+        "release": platform.release() if same_host else None,
         "cpu_count": os.cpu_count(),
     }
 
 
 def gather_system(ctx: ProbeContext) -> dict[str, Any]:
     return {
-        "platform": platform_facts(),
+        "platform": platform_facts(ctx),
         "driver": driver_facts(ctx),
         "device_nodes": device_node_facts(ctx),
         "pci_gpus": pci_gpu_facts(ctx),
