@@ -232,6 +232,8 @@ def test_dataloader_settings():
         "dataset_class": "TensorDataset",
         "dataset_module": "torch.utils.data.dataset",
         "dataset_len": 20_000,
+        "prefetch_factor": None,  # torch holds None without workers
+        "sample_bytes": 4 * 4 + 4,  # one float32 row of 4 and one float32 target
     }
     assert by_name(facts)["train_loader"]["start_method"] in multiprocessing.get_all_start_methods()
 

@@ -260,7 +260,8 @@ def test_small_shm_with_workers():
     nb = notebook(module("net"), loader("dl", workers=4), loader("val_dl", workers=0))
     f = only(usage(nb, shm_bytes=64 * 2**20), "SHM_TOO_SMALL")
     assert "64 MiB" in f.headline and f.evidence["dataloaders"] == ["dl"]
-    assert any("--shm-size=8g" in line for line in f.fix)
+    # One sample's size is unknown here: 4 workers x 512 MiB allowed each, x2 headroom.
+    assert any(line.startswith("docker run --shm-size=4g ") for line in f.fix)
     assert "SHM_TOO_SMALL" not in codes(usage(nb, shm_bytes=None) + usage(nb, shm_bytes=2**30))
     no_workers = notebook(module("net"), loader("val_dl", workers=0))
     assert "SHM_TOO_SMALL" not in codes(usage(no_workers, shm_bytes=64 * 2**20))

@@ -52,6 +52,7 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
         cuda_launch_blocking=view.env.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0"),
         shm_bytes=view.system.get("shm_bytes"),
         cpu_count=view.platform.get("cpu_count"),
+        hosting=view.hosting,
     ))
     last_cell = activity_rules.last_long_cell(view)
     findings.extend(activity_rules.low_utilization(last_cell))

@@ -16,6 +16,51 @@ NVML_GPU_IS_LOST = 15
 NVML_VERSION_MISMATCH = 18
 
 
+CONTAINER_TOOLKIT_GUIDE = (
+    "https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html"
+)
+# The NVIDIA container runtime injects no GPU when NVIDIA_VISIBLE_DEVICES is one of these (its contract).
+NO_GPU_REQUESTED = ("void", "none", "")
+_TOOLKIT_ON_HOST = [
+    "On the host: add NVIDIA's libnvidia-container apt or yum repository (https://nvidia.github.io/libnvidia-container).",
+    "sudo apt-get install -y nvidia-container-toolkit   # dnf/yum: sudo dnf install -y nvidia-container-toolkit",
+]
+_DOCKER = [
+    "sudo nvidia-ctk runtime configure --runtime=docker",
+    "sudo systemctl restart docker",
+    "docker run --rm --gpus all ubuntu nvidia-smi   # smoke test on the host: it must list the GPU",
+    "docker run --gpus all ...   # then start this container again with the GPU",
+]
+_PODMAN = [
+    "sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml   # Podman finds GPUs through CDI",
+    "podman run --rm --device nvidia.com/gpu=all ubuntu nvidia-smi   # smoke test on the host",
+    "podman run --device nvidia.com/gpu=all ...   # then start this container again with the GPU",
+]
+_KUBERNETES = [
+    "Kubernetes: the cluster needs the NVIDIA GPU Operator (or the NVIDIA device plugin) on its GPU nodes.",
+    "Kubernetes: give this container resources.limits: {nvidia.com/gpu: 1} in the pod spec, then recreate the pod.",
+]
+
+
+def _container_gpu_fix(hosting: dict, nvidia_visible_devices: str | None) -> list[str]:
+    """Host set-up and run flags for every engine, the one the facts show first."""
+    docker, podman = [*_TOOLKIT_ON_HOST, *_DOCKER], [*_TOOLKIT_ON_HOST, *_PODMAN]
+    if hosting.get("kubernetes"):
+        lines = [*_KUBERNETES, *docker, *_PODMAN]
+    elif hosting.get("podman"):
+        lines = [*podman, *_DOCKER, *_KUBERNETES]
+    else:
+        lines = [*docker, *_PODMAN, *_KUBERNETES]
+    if nvidia_visible_devices is not None and nvidia_visible_devices.strip().lower() in NO_GPU_REQUESTED:
+        shown = nvidia_visible_devices or '""'
+        why = (f"NVIDIA_VISIBLE_DEVICES={shown} here: this pod requests no GPU (the resources.limits line fixes it)."
+               if hosting.get("kubernetes") else
+               f"NVIDIA_VISIBLE_DEVICES={shown} asks the NVIDIA runtime for no GPU: unset it (or set it to all) "
+               "where the container is started.")
+        lines.insert(0, why)
+    return lines
+
+
 def _cpu_note(view: FactsView) -> str:
     return f" (and torch {view.torch_version} is a CPU-only build)" if view.cpu_only_build else ""
 
@@ -52,9 +97,9 @@ def no_gpu(view: FactsView) -> list[Finding]:
         return [Finding(
             "CONTAINER_NO_GPU", "fail",
             f"This container was started without access to a GPU{cpu_note}.", evidence=evidence,
-            fix=["docker run --gpus all ...   (after `sudo nvidia-ctk runtime configure --runtime=docker`)",
-                 "Kubernetes: add resources.limits: {nvidia.com/gpu: 1} to the pod spec."],
-            refs=["NVIDIA/nvidia-docker#1243"], layer=LAYER_HOST)]
+            fix=_container_gpu_fix(hosting, nvidia_devices),
+            refs=["NVIDIA/nvidia-docker#1243", "jupyter/docker-stacks#2166", CONTAINER_TOOLKIT_GUIDE],
+            layer=LAYER_HOST)]
     hostname = hosting.get("hostname") or ""
     if hosting.get("slurm_cluster") and not hosting.get("slurm_job"):
         evidence.update(hostname=hostname or None, SLURM_JOB_ID="unset")
@@ -169,7 +214,7 @@ def fabric_manager(view: FactsView) -> list[Finding]:
 
 
 def forward_compat(view: FactsView) -> list[Finding]:
-    compat_paths = [p for p in view.env.get("LD_LIBRARY_PATH", "").split(":") if "compat" in p]
+    compat_paths = [p for p in view.paths.library_search_path(view.env) if "compat" in p]
     compat_libs = [lib["resolved"] for lib in (view.driver.get("libraries") or {}).get("libcuda.so.1") or []
                    if "compat" in (lib.get("resolved") or "")]
     if view.cuda_error_number() != 804:

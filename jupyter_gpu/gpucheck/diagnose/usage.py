@@ -8,18 +8,33 @@ Core ring: pure functions over the dict that `jupyter_gpu.gpucheck.facts.noteboo
 a model already sits on an accelerator; MODEL_ON_CPU needs `gpu_usable`. Thresholds are the catalogue's
 heuristics, and performance findings are warn or info, never fail. Findings about one variable name it in
 `evidence["variable"]` and in the headline, so one code can appear once per offending variable.
+
+Tensors marked `small` (under 1 MiB, gathered only because the last error is a device mismatch) serve only
+DEVICE_MISMATCH_ERROR; the other rules leave them out, as they would never have been gathered otherwise.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
+from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch, held_on
 from jupyter_gpu.models import LAYER_LAST_ERROR, LAYER_USAGE, Finding
 from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
+from jupyter_gpu.units import format_bytes
 
 MODEL_MIN_PARAMS = 10_000
-SHM_MIN_BYTES = 512 * 1024 * 1024
+GIB = 1 << 30
+SHM_MIN_BYTES = 512 * 1024 * 1024  # DeepSpeed's threshold: below it, any worker setup is at risk
+# Sizing /dev/shm for DataLoader workers: each worker keeps `prefetch_factor` collated batches in shared
+# memory, so the batches in flight are num_workers x prefetch_factor. Headroom covers the batch being
+# handed over to the main process and the pin-memory thread's copies.
+SHM_DEFAULT_PREFETCH = 2  # torch's default prefetch_factor once num_workers > 0
+SHM_HEADROOM = 2
+# When one sample's size is unknown (any dataset but a TensorDataset), each worker is allowed this much
+# before headroom: 8 workers then come to the 8 GiB that Docker users are usually told to give.
+SHM_UNKNOWN_WORKER_BYTES = 512 * 1024 * 1024
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 TF32_DOC = "https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
 LOADER_ARGS = "num_workers=min(8, os.cpu_count()), pin_memory=True, persistent_workers=True"
@@ -62,9 +77,13 @@ def usage_findings(
     cuda_launch_blocking: bool,
     shm_bytes: int | None,
     cpu_count: int | None,
+    hosting: dict | None = None,
 ) -> list[Finding]:
     """Findings about how the notebook uses the GPU. Without torch imported (or from the command line) only
-    the environment's CUDA_LAUNCH_BLOCKING is left to check."""
+    the environment's CUDA_LAUNCH_BLOCKING is left to check.
+
+    `hosting` is the snapshot's `system.hosting` (docker, podman, kubernetes, ...): it picks the container
+    engine whose flags the fixes give; without it they are Docker's."""
     if not notebook.get("torch_imported"):
         return _debug_modes({}, cuda_launch_blocking=cuda_launch_blocking)
     flags = notebook.get("flags") or {}
@@ -80,7 +99,7 @@ def usage_findings(
     findings += _cudnn(flags, models, gpu_models, gpu_kind=gpu_kind)
     findings += _fp64(models, gpu_usable=gpu_usable)
     findings += _debug_modes(flags, cuda_launch_blocking=cuda_launch_blocking)
-    findings += _worker_processes(loaders, shm_bytes=shm_bytes)
+    findings += _worker_processes(loaders, shm_bytes=shm_bytes, hosting=hosting)
     return findings
 
 
@@ -132,7 +151,7 @@ def _mixed(obj: dict, devices: list[str], target: str) -> Finding:
 
 
 def _tensor_mismatch(notebook: dict, models: list[dict]) -> list[Finding]:
-    tensors = [t for t in _of(notebook, "tensor") if t["device"] != "meta"]
+    tensors = [t for t in _of(notebook, "tensor") if t["device"] != "meta" and not t.get("small")]
     if not models or not tensors:
         return []
     if all(all(_accelerator(d) for d in m["devices"]) for m in models):
@@ -242,7 +261,7 @@ def _debug_modes(flags: dict, *, cuda_launch_blocking: bool) -> list[Finding]:
     return [_usage("DEBUG_MODE_ON", "warn", headline, {"enabled": labels}, fix, TUNING_GUIDE)]
 
 
-def _worker_processes(loaders: list[dict], *, shm_bytes: int | None) -> list[Finding]:
+def _worker_processes(loaders: list[dict], *, shm_bytes: int | None, hosting: dict | None) -> list[Finding]:
     findings = []
     workers = [dl for dl in loaders if dl["num_workers"] > 0]
     for dl in workers:
@@ -257,26 +276,78 @@ def _worker_processes(loaders: list[dict], *, shm_bytes: int | None) -> list[Fin
             fix = [MOVE_DATASET.format(cls), f"from datasets import {cls}"]
             fix.append(f"# or load in the kernel's process: {name} = DataLoader(..., num_workers=0)")
             findings.append(_usage("NOTEBOOK_SPAWN_PICKLING", "warn", headline, evidence, fix))
-    if workers and shm_bytes is not None and shm_bytes < SHM_MIN_BYTES:
-        names = [dl["name"] for dl in workers]
-        size = f"{shm_bytes / 2**20:.0f} MiB"
-        headline = f"/dev/shm holds only {size}: workers of {_quoted(names)} can die with a bus error."
-        fix = ["# restart the container with: docker run --shm-size=8g ... (or --ipc=host)"]
-        fix.append(f"# or, without a restart: {names[0]} = DataLoader(..., num_workers=0)")
-        evidence = {"shm_bytes": shm_bytes, "dataloaders": names}
-        findings.append(_usage("SHM_TOO_SMALL", "warn", headline, evidence, fix))
+    if workers and shm_bytes is not None:
+        findings += _shared_memory(workers, shm_bytes, hosting)
     return findings
+
+
+def _batches_in_flight(dl: dict) -> tuple[int | None, str]:
+    """Bytes one loader's workers keep in /dev/shm (None when one sample's size is unknown), and how."""
+    workers, prefetch = dl["num_workers"], dl.get("prefetch_factor") or SHM_DEFAULT_PREFETCH
+    sample, batch = dl.get("sample_bytes"), dl.get("batch_size")
+    if sample is not None and batch:
+        total = workers * prefetch * batch * sample
+        how = (f"{workers} workers x prefetch_factor {prefetch} x batch_size {batch} x "
+               f"{format_bytes(sample)} per sample = {format_bytes(total)}")
+        return total, f"`{dl['name']}`: {how}"
+    allowance = workers * SHM_UNKNOWN_WORKER_BYTES
+    how = (f"{workers} workers x {format_bytes(SHM_UNKNOWN_WORKER_BYTES)} allowed per worker (one sample's "
+           f"size is unknown) = {format_bytes(allowance)}")
+    return None, f"`{dl['name']}`: {how}"
+
+
+def shm_size_gib(workers: list[dict]) -> tuple[int, int, list[str]]:
+    """(whole GiB to give /dev/shm, bytes known to be in flight, how each loader was counted).
+
+    The GiB are the batches in flight (an allowance per worker where a sample's size is unknown) times the
+    headroom, rounded up, at least 1."""
+    known, total, how = 0, 0, []
+    for dl in workers:
+        in_flight, line = _batches_in_flight(dl)
+        known += in_flight or 0
+        total += in_flight if in_flight is not None else dl["num_workers"] * SHM_UNKNOWN_WORKER_BYTES
+        how.append(line)
+    return max(1, math.ceil(total * SHM_HEADROOM / GIB)), known, how
+
+
+def _shm_fix(gib: int, hosting: dict | None) -> list[str]:
+    hosting = hosting if hosting is not None else {"docker": True}
+    if hosting.get("kubernetes"):
+        return [
+            "# Kubernetes: mount a memory-backed emptyDir on /dev/shm in the pod spec, then recreate the pod:",
+            f"volumes: [{{name: dshm, emptyDir: {{medium: Memory, sizeLimit: {gib}Gi}}}}]",
+            "volumeMounts: [{name: dshm, mountPath: /dev/shm}]   # in this notebook's container",
+        ]
+    engine = "podman" if hosting.get("podman") else "docker"
+    if engine == "docker" and not (hosting.get("docker") or hosting.get("cgroup_container")):
+        return [f"sudo mount -o remount,size={gib}G /dev/shm   # not a container: resize the host's /dev/shm"]
+    return [
+        f"{engine} run --shm-size={gib}g ...   # start the container again with this flag",
+        f"{engine} run --ipc=host ...   # or share the host's /dev/shm instead",
+    ]
+
+
+def _shared_memory(workers: list[dict], shm_bytes: int, hosting: dict | None) -> list[Finding]:
+    gib, known, how = shm_size_gib(workers)
+    if shm_bytes >= SHM_MIN_BYTES and shm_bytes >= known:
+        return []
+    names = [dl["name"] for dl in workers]
+    size = f"{shm_bytes / 2**20:.0f} MiB"
+    headline = f"/dev/shm holds only {size}: workers of {_quoted(names)} can die with a bus error"
+    headline += f" (their batches in flight take {format_bytes(known)})." if known > shm_bytes else "."
+    fix = _shm_fix(gib, hosting)
+    fix.append(f"# or, without a restart: {names[0]} = DataLoader(..., num_workers=0)")
+    evidence = {
+        "shm_bytes": shm_bytes,
+        "dataloaders": names,
+        "batches_in_flight": how,
+        "shm_needed": f"{gib} GiB: the batches in flight x{SHM_HEADROOM} headroom, rounded up to whole GiB",
+    }
+    return [_usage("SHM_TOO_SMALL", "warn", headline, evidence, fix)]
 
 
 # --- the last cell's exception ---------------------------------------------------------------------------
 
-_MISMATCH = [
-    re.compile(r"found at least two devices, (?P<a>\S+) and (?P<b>\S+?)!"),
-    re.compile(
-        r"but got (?P<arg>\w+) is on (?P<a>\S+), different from other tensors on (?P<b>\S+?)(?:[ ,(]|$)"
-    ),
-    re.compile(r"Tensor on device (?P<a>\S+) is not on the expected device (?P<b>\S+?)!"),
-]
 _CUDA_INIT = [
     "Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available",
     "CUDA unknown error", "too old (found version", "no kernel image is available",
@@ -311,9 +382,8 @@ def last_error_findings(notebook: dict, *, gpu_usable: bool) -> list[Finding]:
         fix = ["# keep CUDA out of Dataset.__getitem__ and collate_fn: call .to(device) in the training loop"]
         fix.append('loader = DataLoader(..., multiprocessing_context="spawn")  # Dataset class in a .py file')
         return [_last("CUDA_FORK_REINIT", headline, evidence, fix)]
-    for pattern in _MISMATCH:
-        if match := pattern.search(text):
-            return [_device_mismatch(notebook, match, evidence)]
+    if mismatch := find_device_mismatch(text):
+        return [_device_mismatch(notebook, mismatch, evidence)]
     if memory := _out_of_memory(text):
         return [_oom(memory, text, evidence)]
     if hit := next((needle for needle in _CUDA_INIT if needle in text), None):
@@ -335,17 +405,17 @@ def last_error_findings(notebook: dict, *, gpu_usable: bool) -> list[Finding]:
     return []
 
 
-def _device_mismatch(notebook: dict, match: re.Match, evidence: dict) -> Finding:
-    devices = [match.group("a"), match.group("b")]
+def _device_mismatch(notebook: dict, mismatch: DeviceMismatch, evidence: dict) -> Finding:
+    devices = list(mismatch.devices)
     evidence = {**evidence, "devices": devices}
-    if "arg" in match.groupdict():
-        evidence["argument"] = match.group("arg")
+    if mismatch.argument is not None:
+        evidence["argument"] = mismatch.argument
 
     def held(entry: dict) -> list[str]:
         return entry["devices"] if entry["kind"] == "module" else [entry["device"]]
 
-    def on(device: str, entry: dict) -> bool:  # "cuda" in a message matches "cuda:0" in the namespace
-        return any(device in (h, h.split(":")[0]) for h in held(entry))
+    def on(device: str, entry: dict) -> bool:
+        return any(held_on(h, device) for h in held(entry))
 
     models, tensors = _models(notebook), _of(notebook, "tensor")
     by_device = {d: [e["name"] for e in models + tensors if on(d, e)] for d in devices}

@@ -26,13 +26,18 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
     (sorted parameter dtypes, e.g. ["float32"]), `has_conv`, `has_rnn`, `has_batchnorm` (bool), `part_of`
     (name of another audited module that contains this one or is the same object, else None).
   - kind "tensor" (`torch.Tensor`, at least 1 MiB unless named in `names`): `device`, `dtype`, `shape`
-    (list of int), `nbytes`.
+    (list of int), `nbytes`. When the last exception is a device-mismatch error (`jupyter_gpu.mismatch_markers`),
+    tensors under 1 MiB on either device it names are listed too (at most 64), each with `small` (True): they
+    are there to explain that error, and other rules leave them out. The key is absent on every other tensor.
   - kind "optimizer" (`torch.optim.Optimizer`): `class`, `param_devices` (sorted), `state_devices` (sorted;
     0-dim state such as Adam's `step`, which PyTorch keeps on the CPU by design, is left out).
   - kind "dataloader" (`torch.utils.data.DataLoader`): `batch_size` (None with a batch_sampler),
     `num_workers`, `pin_memory`, `persistent_workers`, `start_method` (the loader's multiprocessing_context,
     else the process-wide start method, else the platform default), `dataset_class` (qualified name),
-    `dataset_module` (`type(dataset).__module__`), `dataset_len` (None when `len()` is unsupported or raised).
+    `dataset_module` (`type(dataset).__module__`), `dataset_len` (None when `len()` is unsupported or raised),
+    `prefetch_factor` (batches each worker loads ahead, as the loader holds it: None with num_workers=0),
+    `sample_bytes` (bytes of one sample, read from the tensors' shapes of a `TensorDataset`, also inside a
+    `Subset`; None for any other dataset, whose `__getitem__` is never called).
   - kind "grad_scaler" (`torch.amp.GradScaler` / `torch.cuda.amp.GradScaler`: AMP in use): `class`, `enabled`.
 - `missing_names` (list of str): names requested in `names` that are not in the namespace.
 - `unsupported_names` (list of str): names requested in `names` whose value is not a kind audited here.
@@ -44,15 +49,19 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from jupyter_gpu.gpucheck.facts.errors import describe_error, error_message, qualified_name
 from jupyter_gpu.kernel_torch import loaded_torch
+from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch
 
 MIB = 1024 * 1024
 MAX_CHAIN = 10
+MAX_SMALL_TENSORS = 64  # enough to name the culprits of a device mismatch, few enough to keep a snapshot small
+MAX_SUBSET_DEPTH = 8  # Subset(Subset(...)) chains deeper than this are not followed
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
 
@@ -83,9 +92,10 @@ def gather_notebook_facts(
         items = [(n, user_ns[n]) for n in names if n in user_ns]
     explicit = set(names or ())
     types = _torch_types(torch)
+    small_tensors = _SmallTensors(_mismatch_of(facts["last_exception"]))
     for name, value in items:
         try:
-            entry = _read_object(types, name, value, explicit=name in explicit)
+            entry = _read_object(types, name, value, explicit=name in explicit, small=small_tensors)
         except Exception as exc:  # a user object's property may raise anything; report it, keep auditing
             facts["unreadable"].append({"name": name, "error": describe_error(exc)})
             continue
@@ -95,6 +105,26 @@ def gather_notebook_facts(
             facts["unsupported_names"].append(name)
     _mark_submodules(facts["objects"], dict(items))
     return facts
+
+
+def _mismatch_of(exception: dict | None) -> DeviceMismatch | None:
+    if exception is None:
+        return None
+    return find_device_mismatch("\n".join([exception["message"], *exception["chain"]]))
+
+
+class _SmallTensors:
+    """Which tensors under 1 MiB to keep: those on a device the last device-mismatch error names, up to a cap."""
+
+    def __init__(self, mismatch: DeviceMismatch | None) -> None:
+        self.mismatch = mismatch
+        self.kept = 0
+
+    def keep(self, device: str) -> bool:
+        if self.mismatch is None or self.kept >= MAX_SMALL_TENSORS or not self.mismatch.involves(device):
+            return False
+        self.kept += 1
+        return True
 
 
 def _read(getter: Callable[[], Any]) -> Any:
@@ -143,6 +173,8 @@ def _torch_types(torch: Any) -> dict[str, Any]:
         "tensor": classes("Tensor"),
         "optimizer": classes("optim.Optimizer"),
         "dataloader": classes("utils.data.DataLoader"),
+        "tensor_dataset": classes("utils.data.TensorDataset"),
+        "subset": classes("utils.data.Subset"),
         "grad_scaler": classes("amp.GradScaler", "cuda.amp.GradScaler"),
         "conv": classes(*(f"nn.{n}" for n in nn_names if n.startswith(("Conv", "LazyConv")))),
         "rnn": classes("nn.RNNBase", "nn.RNNCellBase"),
@@ -151,18 +183,20 @@ def _torch_types(torch: Any) -> dict[str, Any]:
     }
 
 
-def _read_object(types: dict[str, Any], name: str, value: object, *, explicit: bool) -> dict | None:
+def _read_object(
+    types: dict[str, Any], name: str, value: object, *, explicit: bool, small: _SmallTensors
+) -> dict | None:
     def isa(kind: str) -> bool:
         return bool(types[kind]) and isinstance(value, types[kind])
 
     if isa("module"):
         return _module(name, value, types)
     if isa("tensor"):
-        return _tensor(name, value, explicit=explicit)
+        return _tensor(name, value, explicit=explicit, small=small)
     if isa("optimizer"):
         return _optimizer(name, value, types["tensor"])
     if isa("dataloader"):
-        return _dataloader(name, value)
+        return _dataloader(name, value, types)
     if isa("grad_scaler"):
         enabled = bool(value.is_enabled())  # type: ignore[attr-defined]
         return {"kind": "grad_scaler", "name": name, "class": qualified_name(type(value)), "enabled": enabled}
@@ -192,18 +226,23 @@ def _module(name: str, module: Any, types: dict[str, Any]) -> dict:
     return entry
 
 
-def _tensor(name: str, tensor: Any, *, explicit: bool) -> dict | None:
+def _tensor(name: str, tensor: Any, *, explicit: bool, small: _SmallTensors) -> dict | None:
     nbytes = tensor.numel() * tensor.element_size()
-    if nbytes < MIB and not explicit:
+    device = str(tensor.device)
+    kept_small = nbytes < MIB and not explicit
+    if kept_small and not small.keep(device):
         return None
-    return {
+    entry = {
         "kind": "tensor",
         "name": name,
-        "device": str(tensor.device),
+        "device": device,
         "dtype": _dtype(tensor.dtype),
         "shape": [int(s) for s in tensor.shape],
         "nbytes": int(nbytes),
     }
+    if kept_small:
+        entry["small"] = True
+    return entry
 
 
 def _optimizer(name: str, optimizer: Any, tensor_types: tuple[type, ...]) -> dict:
@@ -231,12 +270,26 @@ def _start_method(loader: Any) -> str | None:
     return chosen or multiprocessing.get_all_start_methods()[0]
 
 
-def _dataloader(name: str, loader: Any) -> dict:
+def _sample_bytes(dataset: Any, types: dict[str, Any]) -> int | None:
+    """One sample's bytes from the tensors' shapes alone; None unless that is known without loading a sample."""
+    for _ in range(MAX_SUBSET_DEPTH):
+        if types["subset"] and isinstance(dataset, types["subset"]):
+            dataset = dataset.dataset
+            continue
+        if types["tensor_dataset"] and isinstance(dataset, types["tensor_dataset"]):
+            # Row i of every tensor is sample i: its bytes are one row's elements times the element size.
+            return sum(math.prod(t.shape[1:]) * t.element_size() for t in dataset.tensors)
+        return None
+    return None
+
+
+def _dataloader(name: str, loader: Any, types: dict[str, Any]) -> dict:
     dataset = loader.dataset
     try:
         length: int | None = len(dataset)
     except Exception:  # IterableDataset raises TypeError; a user's __len__ may raise anything
         length = None
+    prefetch = getattr(loader, "prefetch_factor", None)
     return {
         "kind": "dataloader",
         "name": name,
@@ -248,6 +301,8 @@ def _dataloader(name: str, loader: Any) -> dict:
         "dataset_class": type(dataset).__qualname__,
         "dataset_module": type(dataset).__module__,
         "dataset_len": length,
+        "prefetch_factor": int(prefetch) if prefetch is not None else None,
+        "sample_bytes": _sample_bytes(dataset, types),
     }
 
 
