@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,17 @@ def build_parser() -> SentenceParser:
     record.add_argument("--interval", type=interval_type("--interval"), default=1.0, metavar="I",
                         help="seconds between samples (default 1, at least 0.1)")
     record.add_argument("-q", "--quiet", action="store_true", help="print no progress and no summary")
+    autoload = commands.add_parser(
+        "autoload", help="check the GPU at every kernel start of this environment (on, off or status)",
+        description="Make every new kernel of an environment check, in a background process, whether PyTorch "
+                    "can use the GPU, and say so in one line on the first cell only when it cannot. Adds (or "
+                    "removes) one marked block in the environment's etc/ipython/ipython_kernel_config.py and "
+                    "keeps the rest of that file. JUPYTER_GPU_AUTOLOAD=0 silences it.")
+    autoload.add_argument("action", choices=("on", "off", "status"), help="switch it on or off, or show it")
+    autoload.add_argument("--prefix", metavar="DIR", default=None,
+                          help="the environment whose kernels check (default: this one, sys.prefix)")
+    autoload.add_argument("--watch", action="store_true",
+                          help="with on: also keep the low-rate GPU sampler running in each kernel")
     return parser
 
 
@@ -46,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             raise OptionsError("Name a command, for example: jupyter-gpu check.")
         if options.command == "check":
             validate(options)
+        elif options.command == "autoload":
+            _validate_autoload(options)
         else:
             _validate_record(options)
     except OptionsError as exc:
@@ -55,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if options.command == "record":
         return run_record(options)
+    if options.command == "autoload":
+        return run_autoload(options)
     from jupyter_gpu.gpucheck.request import CheckRequest
     from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
 
@@ -129,6 +145,58 @@ def run_record(options: argparse.Namespace) -> int:
         stopped = "Stopped early (Ctrl-C). " if recorded.interrupted else ""
         print(f"{stopped}Recorded {count} sample{'' if count == 1 else 's'} of {gpus} GPU{'' if gpus == 1 else 's'} "
               f"over {_format_seconds(recorded.span)} s to {options.file}", file=out)
+    return 0
+
+
+# -- autoload ------------------------------------------------------------------------------------------
+
+
+def _validate_autoload(options: argparse.Namespace) -> None:
+    if options.watch and options.action != "on":
+        raise OptionsError(f"--watch is a setting of `autoload on`; `autoload {options.action}` takes no --watch.")
+
+
+def run_autoload(options: argparse.Namespace) -> int:
+    """`jupyter-gpu autoload on|off|status`: switch the start-up check of an environment's kernels."""
+    from jupyter_gpu.autoload.config import SILENCE_VARIABLE, WATCH_INTERVAL_S, is_silenced
+    from jupyter_gpu.autoload.install import AutoloadError, read_state, switch_off, switch_on
+
+    prefix = options.prefix or sys.prefix
+    try:
+        if options.action == "status":
+            path, state = read_state(prefix)
+        else:
+            change = switch_on(prefix, watch=options.watch) if options.action == "on" else switch_off(prefix)
+            path, state = change.path, change.state
+    except AutoloadError as exc:
+        print(f"jupyter-gpu: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    interval = _format_seconds(WATCH_INTERVAL_S)
+    if options.action == "status":
+        print(f"autoload: {'on' if state.on else 'off'}")
+        print(f"file: {path}{'' if path.exists() else ' (does not exist)'}")
+        print(f"watch: {f'on (the GPU sampler runs every {interval} s in each kernel)' if state.watch else 'off'}")
+        variable = os.environ.get(SILENCE_VARIABLE)
+        if variable is None:
+            print(f"{SILENCE_VARIABLE}: not set ({SILENCE_VARIABLE}=0 silences the check)")
+        else:
+            effect = "silences the check: kernels load the magics only" if is_silenced(os.environ) else \
+                "does not silence the check (0 or off does)"
+            print(f"{SILENCE_VARIABLE}={variable}: {effect}")
+        return 0
+    if options.action == "on":
+        watching = f", and keeps the GPU sampler running every {interval} s" if state.watch else ""
+        if change.changed:
+            print(f"Autoload is on: every new kernel of {prefix} checks the GPU in the background{watching} "
+                  f"({path}). Running kernels are not affected until restarted.")
+        else:
+            print(f"Autoload was already on{watching} ({path}); nothing changed.")
+    elif not change.changed:
+        print(f"Autoload was already off ({path}); nothing changed.")
+    elif change.file_removed:
+        print(f"Autoload is off: removed {path} (nothing else was in it).")
+    else:
+        print(f"Autoload is off: removed the jupyter-gpu block from {path}; the rest of it is unchanged.")
     return 0
 
 

@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu"
 # Ring 1: pure Python. They may import each other and the standard library, nothing from the outside world.
 PURE = [
     "jupyter_gpu", "jupyter_gpu.version", "jupyter_gpu.models", "jupyter_gpu.units", "jupyter_gpu.render_kit",
-    "jupyter_gpu.oom_markers", "jupyter_gpu.mismatch_markers",
+    "jupyter_gpu.oom_markers", "jupyter_gpu.mismatch_markers", "jupyter_gpu.autoload.config",
+    "jupyter_gpu.autoload.notice",
     "jupyter_gpu.gpucheck.report", "jupyter_gpu.gpucheck.render", "jupyter_gpu.gpucheck.request",
     "jupyter_gpu.gpucheck.diagnose.engine", "jupyter_gpu.gpucheck.diagnose.device_rules",
     "jupyter_gpu.gpucheck.diagnose.host_rules", "jupyter_gpu.gpucheck.diagnose.install_rules",
@@ -49,9 +50,10 @@ PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nv
                   "jupyter_gpu.gputime.clock", "jupyter_gpu.gputime.opcount", "jupyter_gpu.gputime.availability",
                   "jupyter_gpu.gputime.busy", "jupyter_gpu.gputime.runner", "jupyter_gpu.batchprobe.budget",
                   "jupyter_gpu.batchprobe.state", "jupyter_gpu.batchprobe.release", "jupyter_gpu.batchprobe.holders",
-                  "jupyter_gpu.batchprobe.estimate", "jupyter_gpu.batchprobe.runner", "jupyter_gpu.gpucheck.run"]
+                  "jupyter_gpu.batchprobe.estimate", "jupyter_gpu.batchprobe.runner", "jupyter_gpu.gpucheck.run",
+                  "jupyter_gpu.autoload.install", "jupyter_gpu.autoload.startup"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
-                    "jupyter_gpu.server.handlers", "jupyter_gpu.cli"]
+                    "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 
 
 def module_name(path: Path) -> str:
