@@ -19,6 +19,12 @@ from jupyter_gpu.gpucheck.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 
 
+@pytest.fixture(autouse=True)
+def _probe_cache_in_a_temp_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks run with the real environment keep the torch-probe cache out of the user's ~/.cache."""
+    monkeypatch.setenv("JUPYTER_GPU_CACHE_DIR", str(tmp_path_factory.mktemp("probe-cache")))
+
+
 @pytest.fixture(scope="module")
 def shell() -> InteractiveShell:
     """The one global IPython test shell (start_ipython() makes it, and returns None once it exists)."""

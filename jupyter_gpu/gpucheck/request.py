@@ -11,7 +11,7 @@ class CheckRequest:
     facts: str | None = None  # diagnose this saved snapshot instead of gathering facts
     root: str | None = None  # read system files under this folder instead of / (tests, chroots)
     timeout: float | None = None  # seconds for the child that imports torch; None: the default
-    refresh: bool = False  # probe torch again even if nothing changed since the last check
+    refresh: bool = False  # probe torch again even if nothing changed: skips the cached answer and rewrites it
     save: str | None = None  # write the facts snapshot here
     verbose: bool = False  # the report shows every fact gathered
 

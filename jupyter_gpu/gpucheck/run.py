@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from jupyter_gpu.gpucheck.diagnose.engine import diagnose
 from jupyter_gpu.gpucheck.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
-from jupyter_gpu.gpucheck.facts.gather import TorchProbeCache, gather_facts, load_snapshot, save_snapshot
-from jupyter_gpu.gpucheck.report import GpuCheckReport
+from jupyter_gpu.gpucheck.facts.gather import gather_facts, load_snapshot, save_snapshot
+from jupyter_gpu.gpucheck.facts.probe_cache import TorchProbeCache
 from jupyter_gpu.gpucheck.request import CheckRequest
+
+if TYPE_CHECKING:
+    from jupyter_gpu.gpucheck.report import GpuCheckReport
+
+DIAGNOSIS_MODULE = "jupyter_gpu.gpucheck.diagnose.engine"
+
+
+def load_diagnosis() -> None:
+    """Import the rules once the probe children are started: the import then overlaps their run instead of
+    delaying the torch child's start (tens of ms of a check that is one `import torch` long)."""
+    importlib.import_module(DIAGNOSIS_MODULE)
 
 
 def run_check(
@@ -23,14 +34,21 @@ def run_check(
     else:
         ctx = context or ProbeContext.from_environment(
             root=request.root, probe_timeout_s=request.timeout or DEFAULT_PROBE_TIMEOUT_S)
-        snapshot = gather_facts(ctx, notebook=notebook, cache=cache, refresh=request.refresh)
+        # One cache for every surface: the torch child's answer on disk, shared by kernels and the CLI.
+        cache = cache if cache is not None else TorchProbeCache.for_context(ctx)
+        snapshot = gather_facts(ctx, notebook=notebook, cache=cache, refresh=request.refresh,
+                                while_waiting=load_diagnosis)
     if request.save:
         save_snapshot(snapshot, request.save)
+    from jupyter_gpu.gpucheck.diagnose.engine import diagnose  # already loaded: see load_diagnosis
+
     return diagnose(snapshot, verbose=request.verbose)
 
 
 def check_this_environment(cache: TorchProbeCache | None = None) -> GpuCheckReport:
     """`%gpucheck` with its default options, for surfaces that show a verdict (panels, the server).
+
+    `cache`: None uses the on-disk torch-probe cache of this environment, as every check does.
 
     Takes seconds (torch is probed in a child process): call it off any event loop or kernel thread.
     """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from functools import partial
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -45,11 +44,10 @@ class GpuPanelMagics(Magics):
         from jupyter_gpu.widgets.panel import GpuPanel
         from jupyter_gpu.widgets.verdict import gpucheck_verdict_html
 
-        checker = self.shell.magics_manager.registry.get("GpuCheckMagics")
         try:
             panel = GpuPanel(shared_hub(), interval=options.interval, history=options.history, devices=options.devices,
                              cell_started=lambda: self.activity.started,
-                             verdict=partial(gpucheck_verdict_html, getattr(checker, "torch_probe_cache", None)))
+                             verdict=gpucheck_verdict_html)
         except BackendSpecError as exc:
             raise UsageError(f"%gpupanel: {exc}") from None
         self._check_devices(panel, options.devices)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from html import escape
-from typing import Any
 
 from jupyter_gpu.gpucheck.report import CheckBrief
 from jupyter_gpu.render_kit import COLOUR
 
 
-def gpucheck_verdict_html(cache: Any | None = None) -> str:
+def gpucheck_verdict_html() -> str:
     """Run `%gpucheck`'s diagnosis of this kernel (torch is probed in a child process) and summarise it:
     the verdict, the primary finding and its exact fix. Takes seconds: call it off the kernel's thread.
     """
     from jupyter_gpu.gpucheck.run import check_this_environment
 
     try:
-        brief = check_this_environment(cache).brief()
+        brief = check_this_environment().brief()
     except (OSError, ValueError) as exc:
         brief = CheckBrief.could_not_run(exc)
     verdict = brief.verdict if brief.verdict.startswith("%gpucheck") else f"%gpucheck: {brief.verdict}"

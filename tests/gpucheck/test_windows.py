@@ -104,8 +104,6 @@ def test_the_windows_driver_counts_as_a_gpu_even_without_nvidia_ml_py(windows):
     assert "even though this machine has one" in report.primary.headline
 
 
-@pytest.mark.xfail(strict=True, reason="facts/gather.py gpu_evidence() does not count nvcuda.dll yet, so the torch "
-                   "probe is skipped on a Windows GPU machine without nvidia-ml-py (reported to the lead)")
 def test_a_cuda_torch_on_windows_without_nvidia_ml_py_is_still_probed(windows):
     gpu = {"name": H100["name"], "capability": [9, 0], "memory_total": H100["memory_total"], "uuid": H100["uuid"]}
     ctx = windows(Machine().cuda_torch(devices=[gpu]))

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.facts.inkernel import gather_in_kernel
 from jupyter_gpu.gpucheck.facts.kernel import gather_kernel
-from jupyter_gpu.gpucheck.facts.probe import BASE_SECTIONS, run_probe
+from jupyter_gpu.gpucheck.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
+from jupyter_gpu.gpucheck.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
 from jupyter_gpu.gpucheck.facts.system import gather_system
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"
 # 2: NVML fields named as the live metrics name them (mig_enabled, mig_instances, processes' memory_used).
 SCHEMA_VERSION = 2
+# For benchmarks (bench/bench_gpucheck.py): import torch in the child even on a machine without a GPU, as a
+# GPU machine would, from a fresh `jupyter-gpu check` process.
+FORCE_TORCH_PROBE_VARIABLE = "JUPYTER_GPU_FORCE_TORCH_PROBE"
 
 RELEVANT_ENV = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
@@ -29,45 +33,13 @@ RELEVANT_ENV = (
 )
 
 
-class TorchProbeCache:
-    """Keeps the slow part (importing torch in a child, ~1 s) while its inputs have not changed.
+def file_gpu_evidence(system: dict[str, Any], build: dict[str, Any] | None) -> list[str]:
+    """Signs read from host files (PCI, device nodes, the driver): known before any child runs.
 
-    The key covers everything that can change the answer: the interpreter, the torch install on disk,
-    the driver, the device nodes, the GPUs NVML lists and the relevant environment variables.
+    Without the torch build (`build=None`, before the base child is back) Intel GPUs and render nodes,
+    which only count for some builds, are left out.
     """
-
-    def __init__(self) -> None:
-        self._key: str | None = None
-        self._value: dict[str, Any] | None = None
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self._value if key == self._key else None
-
-    def put(self, key: str, value: dict[str, Any]) -> None:
-        self._key, self._value = key, value
-
-
-def torch_probe_key(ctx: ProbeContext, snapshot: dict[str, Any]) -> str:
-    nvml = snapshot.get("nvml") or {}
-    stable = {
-        "python": ctx.python,
-        "root": str(ctx.root),
-        "cwd": ctx.cwd,
-        "install": snapshot.get("install"),
-        "driver": snapshot["system"]["driver"],
-        "nodes": snapshot["system"]["device_nodes"],
-        "nvml": [nvml.get("status"), nvml.get("driver_version"),
-                 [(d.get("uuid"), d.get("mig_enabled")) for d in nvml.get("devices", [])]],
-        "env": snapshot["env"],
-    }
-    return hashlib.sha256(json.dumps(stable, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
-    """Signs that a GPU may be reachable; without any, importing torch cannot change the verdict."""
-    system = snapshot["system"]
-    nvml = snapshot.get("nvml") or {}
-    build = (snapshot.get("install") or {}).get("build") or {}
+    build = build or {}
     xpu_build = "+xpu" in (build.get("version") or "")
     # Nearly every laptop has an Intel GPU: it only counts for an XPU build of torch.
     signs = [f"PCI {g['vendor']} GPU at {g['address']}" for g in system["pci_gpus"]
@@ -77,11 +49,28 @@ def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
     signs += [n["path"] for n in system["device_nodes"] if accelerated or not n["path"].startswith("/dev/dri/")]
     if system["driver"]["proc_version_text"]:
         signs.append("/proc/driver/nvidia/version")
+    # Windows has no /proc or /dev: the driver's nvcuda.dll in System32 is the sign (without nvidia-ml-py).
+    signs += [lib["path"] for lib in (system["driver"].get("libraries") or {}).get("nvcuda.dll") or []]
+    return signs
+
+
+def platform_gpu_evidence(system: dict[str, Any]) -> list[str]:
+    return ["macOS (MPS)"] if system["platform"]["system"] == "Darwin" else []
+
+
+def early_gpu_evidence(system: dict[str, Any]) -> list[str]:
+    """The evidence that is enough to start the torch child at once, beside the base child."""
+    return file_gpu_evidence(system, None) + platform_gpu_evidence(system)
+
+
+def gpu_evidence(snapshot: dict[str, Any]) -> list[str]:
+    """Signs that a GPU may be reachable; without any, importing torch cannot change the verdict."""
+    system = snapshot["system"]
+    nvml = snapshot.get("nvml") or {}
+    signs = file_gpu_evidence(system, (snapshot.get("install") or {}).get("build"))
     if nvml.get("status") == "ok" or (nvml.get("status") == "init_failed" and nvml.get("error_code") != 12):
         signs.append(f"NVML {nvml.get('status')}")
-    if system["platform"]["system"] == "Darwin":
-        signs.append("macOS (MPS)")
-    return signs
+    return signs + platform_gpu_evidence(system)
 
 
 def torch_probe_decision(snapshot: dict[str, Any]) -> tuple[bool, str]:
@@ -99,12 +88,51 @@ def torch_probe_decision(snapshot: dict[str, Any]) -> tuple[bool, str]:
     return False, "no GPU, device node or driver on this machine: importing torch cannot find one"
 
 
+class TorchProbe:
+    """The torch child's answer for one check: from the cache, from a child started early, or from a
+    child started once the base child showed it is wanted (NVML evidence, a stale cache entry)."""
+
+    def __init__(self, ctx: ProbeContext, system: dict[str, Any], env: dict[str, str], *,
+                 cache: TorchProbeCache | None, refresh: bool) -> None:
+        self.ctx, self.cache, self.refresh = ctx, cache, refresh
+        self.key = lookup_key(ctx, system, env) if cache is not None else ""
+        # Looked up before any child runs, so a hit starts no torch child at all.
+        self.cached: CachedProbe | None = None if cache is None or refresh else cache.lookup(self.key)
+        self.handle: ProbeHandle | None = None
+
+    def start_early(self) -> None:
+        if self.cached is None and self.handle is None:
+            self.handle = start_probe(self.ctx, ("torch",))
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+    def answer(self, snapshot: dict[str, Any], reason: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        status = "refresh" if self.refresh else "miss"
+        if self.cached is not None and self.cache is not None:
+            if self.cache.matches(self.cached, snapshot):
+                return self.cached.torch, {**self.cached.record, "reason": reason, "cached": True,
+                                           "cache_status": "hit", "cache_file": str(self.cached.path),
+                                           "cache_created": self.cached.created}
+            self.cache.discard(self.cached)  # NVML, the install or sys.path changed since it was written
+            status = "stale"
+        result = (self.handle or start_probe(self.ctx, ("torch",))).result()
+        torch = result.get("torch")
+        record = {"ran": True, "reason": reason, "cached": False, **(result.get("run") or {})}
+        if self.cache is None:
+            return torch, record
+        written = self.cache.store(self.key, self.ctx, snapshot, torch, record) if record.get("ok") else None
+        return torch, {**record, "cache_status": status, "cache_file": str(written) if written else None}
+
+
 def mark_process_namespaces(ctx: ProbeContext, nvml: dict[str, Any] | None) -> None:
     """Whether each GPU process's PID exists in our /proc: inside a container NVML reports *host* PIDs,
     which can include this very kernel, and which `kill` cannot reach from here."""
     for device in (nvml or {}).get("devices") or []:
         for process in device.get("processes") or []:
-            process["in_this_pid_namespace"] = ctx.exists(f"/proc/{process['pid']}")
+            # Windows has one PID namespace and no /proc to look in.
+            process["in_this_pid_namespace"] = True if ctx.windows else ctx.exists(f"/proc/{process['pid']}")
 
 
 def gather_facts(
@@ -114,9 +142,22 @@ def gather_facts(
     cache: TorchProbeCache | None = None,
     refresh: bool = False,
     force_torch_probe: bool = False,
+    while_waiting: Callable[[], object] | None = None,
 ) -> dict[str, Any]:
+    """The facts snapshot. The torch child (the slow part) starts at once, beside the base child, when the
+    host files already show GPU evidence; `cache` (None: none) can spare it altogether. `while_waiting`
+    runs once the children are started (the caller's own imports, say), overlapping their run."""
     started = time.monotonic()
-    base = run_probe(ctx, BASE_SECTIONS)
+    force_torch_probe = force_torch_probe or ctx.env.get(FORCE_TORCH_PROBE_VARIABLE) == "1"
+    system = gather_system(ctx)
+    env = {name: ctx.env[name] for name in RELEVANT_ENV if name in ctx.env}
+    torch_probe = TorchProbe(ctx, system, env, cache=cache, refresh=refresh)
+    if force_torch_probe or early_gpu_evidence(system):
+        torch_probe.start_early()
+    base_probe = start_probe(ctx, BASE_SECTIONS)
+    if while_waiting is not None:
+        while_waiting()
+    base = base_probe.result()
     snapshot: dict[str, Any] = {
         "schema": SCHEMA_NAME,
         "schema_version": SCHEMA_VERSION,
@@ -127,29 +168,18 @@ def gather_facts(
         "python": base.get("python"),
         "install": base.get("install"),
         "nvml": base.get("nvml"),
-        "system": gather_system(ctx),
-        "env": {name: ctx.env[name] for name in RELEVANT_ENV if name in ctx.env},
+        "system": system,
+        "env": env,
     }
     mark_process_namespaces(ctx, snapshot["nvml"])
     snapshot["kernel"] = gather_kernel(ctx, snapshot["python"] or {})
     snapshot["in_kernel"] = gather_in_kernel(ctx.modules)
     wanted, reason = torch_probe_decision(snapshot)
-    wanted = wanted or force_torch_probe
-    torch: dict[str, Any] | None = None
-    probe_record: dict[str, Any] = {"ran": False, "reason": reason, "cached": False}
-    if wanted:
-        key = torch_probe_key(ctx, snapshot)
-        cached = None if (refresh or cache is None) else cache.get(key)
-        if cached is not None:
-            torch, probe_record = cached["torch"], {**cached["record"], "cached": True}
-        else:
-            result = run_probe(ctx, ("torch",))
-            torch = result.get("torch")
-            probe_record = {"ran": True, "reason": reason, "cached": False, **(result.get("run") or {})}
-            if cache is not None and result.get("run", {}).get("ok"):
-                cache.put(key, {"torch": torch, "record": probe_record})
-    snapshot["torch"] = torch
-    snapshot["probe"]["torch"] = probe_record
+    if wanted or force_torch_probe:
+        snapshot["torch"], snapshot["probe"]["torch"] = torch_probe.answer(snapshot, reason)
+    else:
+        torch_probe.cancel()
+        snapshot["torch"], snapshot["probe"]["torch"] = None, {"ran": False, "reason": reason, "cached": False}
     snapshot["notebook"] = notebook
     snapshot["gather_s"] = round(time.monotonic() - started, 3)
     return snapshot
