@@ -68,6 +68,20 @@ def stack_rows(stack: Stack) -> list[tuple[str, str]]:
     return rows
 
 
+def torch_probe_line(facts: dict) -> str:
+    """How the torch facts were obtained, for -v: a child run now, the cache (from when, which file), or neither."""
+    record = (facts.get("probe") or {}).get("torch") or {}
+    if record.get("cache_status") == "hit":
+        return (f"torch probe: reused from the cache (written {record.get('cache_created')}, "
+                f"{record.get('cache_file')}); --refresh probes again")
+    if not record.get("ran"):
+        return f"torch probe: not run ({record.get('reason')})"
+    took = f" in {record['wall_s']:.2f} s" if isinstance(record.get("wall_s"), (int, float)) else ""
+    cached = {"miss": ", now cached", "refresh": " (--refresh), cache rewritten", "stale": ", the cache entry was "
+              "stale (NVML or the install changed)"}.get(record.get("cache_status") or "", "")
+    return f"torch probe: ran{took}{cached}: {record.get('reason')}"
+
+
 def render_text(report: GpuCheckReport) -> str:
     lines = [f"{STATUS_MARK[report.status]} {report.verdict}"]
     if _simulated(report):
@@ -77,6 +91,7 @@ def render_text(report: GpuCheckReport) -> str:
     lines.extend(findings_text(report.findings))
     if report.verbose:
         lines.append("")
+        lines.append(torch_probe_line(report.facts))
         lines.append("Facts:")
         lines.append(json.dumps(report.facts, indent=2, sort_keys=True, default=str))
     return "\n".join(lines)
@@ -95,6 +110,7 @@ def render_html(report: GpuCheckReport) -> str:
     parts.append(findings_html(report.findings))
     if report.verbose:
         facts = json.dumps(report.facts, indent=2, sort_keys=True, default=str)
+        parts.append(f"<div>{escape(torch_probe_line(report.facts))}</div>")
         parts.append(f"<details><summary>Facts</summary><pre>{escape(facts)}</pre></details>")
     parts.append("</div>")
     return "".join(parts)

@@ -12,9 +12,9 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.gather import TorchProbeCache
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 from jupyter_gpu.gpucheck.request import CheckRequest
+from jupyter_gpu.magics.activity import activity_for, close_activity
 from jupyter_gpu.options import OptionsError, check_parser, help_from, validate
 
 
@@ -27,9 +27,13 @@ def _last_exception() -> BaseException | None:
 class GpuCheckMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self.torch_probe_cache = TorchProbeCache()
         # Set by tests to point the magic at a fake machine (see tests/fixtures/fake_machine.py).
         self.context: ProbeContext | None = None
+        self.activity = activity_for(shell)  # when the cells ran, matched against the sampler's GPU readings
+
+    def close(self) -> None:
+        """On `%unload_ext`: stop recording cell windows."""
+        close_activity(self.shell)
 
     @line_magic
     @help_from(lambda: check_parser("%gpucheck", magic=True))
@@ -45,6 +49,7 @@ class GpuCheckMagics(Magics):
             validate(options)
         except (OptionsError, ValueError) as exc:
             raise UsageError(f"%gpucheck: {exc}") from None
+        from jupyter_gpu.gpucheck.facts.activity import gather_activity
         from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
         from jupyter_gpu.gpucheck.run import run_check
 
@@ -52,9 +57,10 @@ class GpuCheckMagics(Magics):
         if not options.facts:
             notebook = gather_notebook_facts(self.shell.user_ns, names=options.names or None,
                                              last_exception=_last_exception())
+            notebook["activity"] = gather_activity(self.activity.cells())
         try:
-            report = run_check(CheckRequest.from_options(options), notebook=notebook, cache=self.torch_probe_cache,
-                               context=self.context)
+            # The torch probe's answer is cached on disk by run_check (shared with the CLI and other kernels).
+            report = run_check(CheckRequest.from_options(options), notebook=notebook, context=self.context)
         except (OSError, ValueError) as exc:
             raise UsageError(f"%gpucheck: {exc}") from None
         if options.json:

@@ -22,8 +22,10 @@ def panel_magics(ip):
     return ip.magics_manager.registry["GpuPanelMagics"]
 
 
-def event_callbacks(ip) -> int:
-    return len(ip.events.callbacks["pre_run_cell"]) + len(ip.events.callbacks["post_run_cell"])
+def our_callbacks(ip) -> list[str]:
+    """The cell hooks jupyter_gpu registered (the panels' and %gpucheck's cell recorder)."""
+    return [getattr(c, "__qualname__", repr(c)) for event in ("pre_run_cell", "post_run_cell")
+            for c in ip.events.callbacks[event] if getattr(c, "__module__", "").startswith("jupyter_gpu")]
 
 
 def test_gpupanel_displays_a_live_panel_with_stable_text(ip, capsys):
@@ -46,14 +48,15 @@ def test_many_panels_one_thread_and_close_leaves_no_thread_or_callback(ip):
 
 
 def test_unload_stops_every_panel_thread_and_cell_hook(ip):
-    hooks = event_callbacks(ip)
+    hooks = our_callbacks(ip)
     panels = [ip.run_line_magic("gpupanel", "-o") for _ in range(3)]
     widgets_open = len(ipywidgets.widgets.widget._instances)
     assert widgets_open > 0 and len(sampler_threads()) == 1
     ip.run_line_magic("unload_ext", "jupyter_gpu")
     try:
         assert all(p.closed for p in panels) and sampler_threads() == []
-        assert event_callbacks(ip) == hooks - 2, "the pre/post_run_cell hooks are unregistered"
+        assert len(hooks) == 4, hooks  # pre and post: the panels' cell tracker and %gpucheck's cell recorder
+        assert our_callbacks(ip) == [], "the pre/post_run_cell hooks are unregistered"
         assert len(ipywidgets.widgets.widget._instances) == 0
     finally:
         ip.run_line_magic("load_ext", "jupyter_gpu")  # the fixture unloads again
