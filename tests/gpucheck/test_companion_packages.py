@@ -66,7 +66,8 @@ def test_a_torchaudio_for_an_older_torch_that_still_imports_is_a_warning(check_m
     machine.companion("torchaudio", "2.8.0+cu128", requires_torch="2.8.0")
     finding = mismatch(check_machine(machine))
     assert finding.severity == "warn"
-    assert finding.headline == "torchaudio 2.8.0+cu128 does not pair with torch 2.9.1+cu128: it was built for torch 2.8.0."
+    assert finding.headline == ("torchaudio 2.8.0+cu128 does not pair with torch 2.9.1+cu128: "
+                                "it was built for torch 2.8.0.")
     assert finding.evidence["torchaudio import"] == "imported in the probe (2.8.0+cu128)"
     assert "--no-deps torchaudio==2.9.1 --index-url https://download.pytorch.org/whl/cu128" in finding.fix[0]
 
