@@ -38,11 +38,17 @@ def notebook_with_slow_settings() -> dict:
     return gather_notebook_facts(namespace)
 
 
+NMS = "RuntimeError: operator torchvision::nms does not exist"
+
 SCENARIOS = {
     "h100-cpu-wheel": (Machine().nvidia_host(cuda=12080).cpu_torch("2.13.0+cpu"), None),
     "driver-too-old": (Machine().nvidia_host(cuda=12080).cuda_torch(
         "2.11.0+cu130", "13.0", devices=[], device_count=0, warnings=[TOO_OLD]), None),
     "h100-notebook-audit": (Machine().nvidia_host().cuda_torch(), notebook_with_slow_settings),
+    # torch from the cu128 index, then `pip install torchvision` from PyPI, whose 0.24.1 is a CUDA 12.8 build
+    # too but was built for torch 2.9.1: the probe imports it beside torch and quotes its error.
+    "h100-torchvision-mismatch": (Machine().nvidia_host().cuda_torch("2.8.0+cu128").companion(
+        "torchvision", "0.24.1", requires_torch="2.9.1", import_error=NMS), None),
 }
 
 
