@@ -42,6 +42,10 @@ class AutoloadState:
 
 
 STATE = AutoloadState()
+# The check child starts once the kernel has had time to finish starting (about 0.6 s here): started at once, its
+# interpreter and imports competed with the kernel's own start, +75 ms at the median on 2 cores (bench_autoload).
+START_DELAY_S = 0.5
+_unloading = threading.Event()  # ends the wait when the extension is unloaded first
 LAZY_SPEC = "jupyter_gpu"  # what IPython loads, as `%load_ext jupyter_gpu`, the first time one of its magics runs
 
 
@@ -68,6 +72,7 @@ def unload(ipython: Any) -> None:
 
     from jupyter_gpu.magics.activity import close_activity
 
+    _unloading.set()
     _unregister(ipython)
     close_activity(ipython)
     _end_child()
@@ -119,6 +124,8 @@ def _check_in_background() -> None:
     from jupyter_gpu.autoload.notice import could_not_run_notice
     from jupyter_gpu.autoload.startup import CheckChild, CheckOutcome
 
+    if _unloading.wait(START_DELAY_S):
+        return
     try:
         STATE.child = CheckChild()
     except OSError as exc:
