@@ -14,6 +14,7 @@ from typing import Any
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.gpucheck.diagnose.wheels import (
+    COMPANIONS,
     INDEX_BASE,
     RELEASES,
     _base_version,
@@ -25,7 +26,6 @@ from jupyter_gpu.gpucheck.diagnose.wheels import (
 )
 from jupyter_gpu.models import LAYER_COMPAT, Finding
 
-COMPANIONS = ("torchvision", "torchaudio")
 NMS_ERROR = "RuntimeError: operator torchvision::nms does not exist"
 CUDA_MAJOR_ERROR = (
     "RuntimeError: Detected that PyTorch and torchvision were compiled with different CUDA major versions. "

@@ -10,9 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
-from jupyter_gpu.gpucheck.diagnose.wheels import cuda_int_to_str
-
-COMPANIONS = ("torchvision", "torchaudio")
+from jupyter_gpu.gpucheck.diagnose.wheels import COMPANIONS, cuda_int_to_str
 
 
 @dataclass(frozen=True)

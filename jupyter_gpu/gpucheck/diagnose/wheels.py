@@ -50,6 +50,11 @@ class TorchRelease:
         return self.latest_patch or f"{self.minor[0]}.{self.minor[1]}.*"
 
 
+# The packages built against one torch release, paired with it (probe_script.py keeps its own copy: it must
+# stay self-contained).
+COMPANIONS = ("torchvision", "torchaudio")
+
+
 def torchvision_minor(torch_minor: tuple[int, int]) -> str:
     # torchvision 0.N pairs with torch 2.(N-15) throughout the table (2.5 -> 0.20 ... 2.14 -> 0.29).
     return f"0.{torch_minor[1] + 15}"

@@ -44,7 +44,6 @@ MAX_ENTRIES = 32  # one per (interpreter, cwd, env, ...) in use; the oldest go f
 KEY_ONLY_ENV = ("PYTHONHOME", "PYTHONUSERBASE", "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "HOME", "LD_PRELOAD")
 # In the snapshot's `env`, but naming a process, not anything torch reads: a restarted server keeps its entry.
 KEY_IGNORED_ENV = ("JPY_PARENT_PID", "VSCODE_PID")
-COMPANIONS = ("torchvision", "torchaudio")
 
 FileSignature = list[int] | None
 
@@ -74,7 +73,7 @@ def lookup_key(ctx: ProbeContext, system: dict[str, Any], env: dict[str, str]) -
     stable = {
         "format": ENTRY_FORMAT,
         "tool_version": __version__,
-        # The lead adds sections to the probe script: a changed script must not reuse an old answer.
+        # A changed probe script (a new section, a fixed reading) must not reuse an answer of the old one.
         "probe_script": hashlib.sha256(probe_source().encode()).hexdigest(),
         "python": ctx.python,
         "python_realpath": os.path.realpath(ctx.python),
@@ -117,13 +116,15 @@ def dependent_files(ctx: ProbeContext, snapshot: dict[str, Any]) -> list[str]:
                   ("version.py", "__init__.py", "lib/libtorch_cuda.so", "lib/libtorch_hip.so")]
         files += sorted(glob.glob(os.path.join(glob.escape(package_dir), "_C*.so")))
         files += sorted(glob.glob(os.path.join(glob.escape(package_dir), "_C*.pyd")))
+    # The base child lists every companion it looked for, installed (a dict) or not (None).
+    companions = list(install.get("companions") or {})
     for companion in (install.get("companions") or {}).values():
         if isinstance(companion, dict) and companion.get("package_dir"):
             sites.add(os.path.dirname(companion["package_dir"]))
             files.append(os.path.join(companion["package_dir"], "__init__.py"))
     for site in sorted(sites):
-        files += [os.path.join(site, name, "version.py") for name in COMPANIONS]
-        for name in ("torch", *COMPANIONS):
+        files += [os.path.join(site, name, "version.py") for name in companions]
+        for name in ("torch", *companions):
             pattern = os.path.join(glob.escape(site), f"{name}-*.dist-info")
             for dist_info in sorted(glob.glob(pattern)):
                 files += [os.path.join(dist_info, "RECORD"), os.path.join(dist_info, "METADATA")]
