@@ -106,3 +106,13 @@ def test_reinstalling_torch_pairs_the_installed_companions_too(check_machine):
     assert mismatch(report) is None
     cpu_only = next(f for f in report.findings if f.code == "CPU_ONLY_BUILD")
     assert '"torchvision==0.28.*" "torchaudio==2.13.*" --index-url' in cpu_only.fix[0]
+
+
+def test_a_cpu_torchvision_beside_a_cuda_torch(check_machine):
+    # The other way round: its ops have no CUDA kernels, so torchvision.ops.nms on a GPU tensor fails.
+    machine = Machine().nvidia_host().cuda_torch(version="2.9.1+cu128")
+    machine.companion("torchvision", "0.24.1+cpu", requires_torch="2.9.1")
+    finding = mismatch(check_machine(machine))
+    assert "it is a CPU-only build (cpu), torch is a CUDA 12.8 build (cu128)" in finding.headline
+    assert finding.fix[0].startswith("%pip install --force-reinstall --no-deps torchvision==0.24.1 "
+                                     "--index-url https://download.pytorch.org/whl/cu128")
