@@ -6,11 +6,10 @@ kernel starting meanwhile reads the old file or the new one, never half of one) 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from jupyter_gpu.atomic_write import write_text_atomically
 from jupyter_gpu.autoload.config import BlockError, BlockState, add_block, config_file, read_block, remove_block
 
 
@@ -84,15 +83,7 @@ def _write(path: Path, text: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".ipython_kernel_config.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as stream:
-                stream.write(text)
-            os.chmod(temporary, mode)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_text_atomically(path, text, mode=mode)
     except OSError as exc:
         raise AutoloadError(_cannot_write(path, exc)) from None
 

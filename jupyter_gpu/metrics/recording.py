@@ -12,17 +12,16 @@ with one sample per line, so a recording committed as a test fixture diffs reada
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jupyter_gpu.atomic_write import write_text_atomically
 from jupyter_gpu.metrics.sample import DeviceSample, Sample
 
 FORMAT = "jupyter-gpu-recording"
@@ -67,15 +66,7 @@ def write_recording(path: str | os.PathLike[str], samples: Sequence[Sample], int
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}," for key, value in header.items()]
     body = ",\n".join(f"    {json.dumps(sample.to_dict())}" for sample in samples)
     text = "{\n" + "\n".join(lines) + '\n  "samples": [\n' + body + "\n  ]\n}\n"
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    write_text_atomically(target, text)
     return target
 
 

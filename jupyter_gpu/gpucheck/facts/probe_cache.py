@@ -26,13 +26,13 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jupyter_gpu.atomic_write import write_text_atomically
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.facts.probe import probe_source
 from jupyter_gpu.version import __version__
@@ -200,17 +200,9 @@ class TorchProbeCache:
         }
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+            # A reader in another process sees the old entry or the new one, never half of one.
+            write_text_atomically(path, json.dumps(entry, sort_keys=True, default=str))
         except OSError:
-            return None
-        try:
-            # Written aside, then renamed: a reader in another process sees the old entry or the new one.
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                json.dump(entry, handle, sort_keys=True, default=str)
-            os.replace(temporary, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
             return None
         self._prune()
         return path
