@@ -10,15 +10,17 @@ from jupyter_gpu.gpucheck.diagnose.engine import diagnose
 from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
 PID = 4242
+UUID_A = "1b2c3d4e-0000-1111-2222-333344445555"  # as torch prints it; NVML says GPU-<the same>
+UUID_B = "2f3e4d5c-0000-1111-2222-333344445555"
 START = 1_000_000.0
 
 
 def activity(utilization: float, *, seconds: float = 30.0, pids: list[int] | None = None, every: float = 1.0,
              cells: list[dict] | None = None, simulated: bool = False) -> dict:
     readings = [{"t": START + every * (i + 1), "devices": [
-        {"index": 0, "uuid": "GPU-a", "name": "NVIDIA H100", "utilization_gpu": utilization,
+        {"index": 0, "uuid": f"GPU-{UUID_A}", "name": "NVIDIA H100", "utilization_gpu": utilization,
          "pids": [PID] if pids is None else pids},
-        {"index": 1, "uuid": "GPU-b", "name": "NVIDIA H100", "utilization_gpu": 99.0, "pids": [999]}]}
+        {"index": 1, "uuid": f"GPU-{UUID_B}", "name": "NVIDIA H100", "utilization_gpu": 99.0, "pids": [999]}]}
         for i in range(int(seconds / every))]
     return {"pid": PID, "backend": "nvml", "simulated": simulated, "samples": readings,
             "cells": cells or [{"execution_count": 7, "started": START, "ended": START + seconds},
@@ -67,7 +69,7 @@ def test_a_cuda_context_counts_as_holding_the_gpu_when_nvml_shows_host_pids(chec
     # In a container NVML lists host PIDs, so the kernel's own PID is missing: its CUDA context still counts.
     uuid_only = activity(3.0, pids=[123456])
     report = check_activity(uuid_only, cuda_initialized=True, device_count=1,
-                            devices=[{"index": 0, "name": "NVIDIA H100", "uuid": "a"}])
+                            devices=[{"index": 0, "name": "NVIDIA H100", "uuid": UUID_A}])
     finding = low(report)
     assert finding is not None and finding.evidence["gpus"] == ["GPU 0"]  # matched by the CUDA device's UUID
 

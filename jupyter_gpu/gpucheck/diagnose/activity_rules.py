@@ -10,6 +10,7 @@ from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.stack import LastCell
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
+from jupyter_gpu.gpucheck.diagnose.visibility import canonical_uuid
 from jupyter_gpu.models import LAYER_USAGE, Finding
 
 LONG_CELL_S = 5.0
@@ -23,9 +24,8 @@ def _kernel_devices(activity: dict[str, Any], readings: list[dict[str, Any]], vi
     listed = {d["index"] for s in readings for d in s["devices"] if pid is not None and pid in (d.get("pids") or [])}
     if listed:
         return listed
-    uuids = {str(d.get("uuid") or "").removeprefix("GPU-") for d in view.in_kernel.get("devices") or []} - {""}
-    opened = {d["index"] for s in readings for d in s["devices"]
-              if str(d.get("uuid") or "").removeprefix("GPU-") in uuids}
+    uuids = {canonical_uuid(d.get("uuid")) for d in view.in_kernel.get("devices") or []} - {None}
+    opened = {d["index"] for s in readings for d in s["devices"] if canonical_uuid(d.get("uuid")) in uuids}
     return opened or {d["index"] for s in readings for d in s["devices"]}
 
 
