@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpu.gpucheck.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
@@ -13,13 +12,11 @@ from jupyter_gpu.gpucheck.request import CheckRequest
 if TYPE_CHECKING:
     from jupyter_gpu.gpucheck.report import GpuCheckReport
 
-DIAGNOSIS_MODULE = "jupyter_gpu.gpucheck.diagnose.engine"
-
 
 def load_diagnosis() -> None:
     """Import the rules once the probe children are started: the import then overlaps their run instead of
     delaying the torch child's start (tens of ms of a check that is one `import torch` long)."""
-    importlib.import_module(DIAGNOSIS_MODULE)
+    from jupyter_gpu.gpucheck.diagnose import engine  # noqa: F401
 
 
 def run_check(
@@ -45,11 +42,10 @@ def run_check(
     return diagnose(snapshot, verbose=request.verbose)
 
 
-def check_this_environment(cache: TorchProbeCache | None = None) -> GpuCheckReport:
-    """`%gpucheck` with its default options, for surfaces that show a verdict (panels, the server).
-
-    `cache`: None uses the on-disk torch-probe cache of this environment, as every check does.
+def check_this_environment() -> GpuCheckReport:
+    """`%gpucheck` with its default options, for surfaces that show a verdict (panels, the server), with the
+    on-disk torch-probe cache every check shares.
 
     Takes seconds (torch is probed in a child process): call it off any event loop or kernel thread.
     """
-    return run_check(CheckRequest(), cache=cache)
+    return run_check(CheckRequest())

@@ -17,12 +17,12 @@ from jupyter_gpu.gpucheck.diagnose.wheels import (
     COMPANIONS,
     INDEX_BASE,
     RELEASES,
-    _base_version,
-    _release_minor,
+    base_version,
     companion_torch_minor,
     local_variant,
     paired_companion,
     parse_cuda_version,
+    release_minor,
 )
 from jupyter_gpu.models import LAYER_COMPAT, Finding
 
@@ -121,16 +121,16 @@ def companion_mismatch(view: FactsView) -> list[Finding]:
     torch = torch_build(view)
     if not view.torch_installed or not torch_version or torch is None:
         return []
-    torch_base = _base_version(torch_version)
+    torch_base = base_version(torch_version)
     wrong: list[tuple[str, str, list[str], dict[str, Any]]] = []
     for name, facts in _companions(view).items():
         version = facts["version"]
         paired = paired_companion(name, torch_version)
         reasons = []
-        pin = _base_version(facts.get("requires_torch") or "")
+        pin = base_version(facts.get("requires_torch") or "")
         if pin and torch_base and pin != torch_base:
             reasons.append(f"it was built for torch {pin}")
-        elif not pin and companion_torch_minor(name, version) not in (None, _release_minor(torch_version)):
+        elif not pin and companion_torch_minor(name, version) not in (None, release_minor(torch_version)):
             reasons.append(f"it belongs to another torch release (torch {torch_base} pairs with {name} {paired})")
         build = companion_build(view, name, version)
         if build is not None and build.differs_from(torch):

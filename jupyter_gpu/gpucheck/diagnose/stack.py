@@ -79,8 +79,8 @@ def _build(view: FactsView) -> str | None:
 def _gpus(view: FactsView) -> list[GpuLine]:
     if view.nvml_ok and view.nvml_devices:
         lines = []
-        for device, raw in zip(view.nvml_devices, view.nvml.get("devices") or [], strict=False):
-            free = raw.get("memory_free")
+        for device in view.nvml_devices:
+            free = device.memory_free  # snapshots from before NVML's free memory was read: total less used
             if free is None and device.memory_total is not None and device.memory_used is not None:
                 free = device.memory_total - device.memory_used
             lines.append(GpuLine(

@@ -22,6 +22,7 @@ class NvmlDevice:
     capability: tuple[int, int] | None
     memory_total: int | None
     memory_used: int | None
+    memory_free: int | None
     compute_mode: int | None
     mig_enabled: bool | None
     mig_instances: list[dict[str, Any]] | None
@@ -34,6 +35,7 @@ class NvmlDevice:
             index=int(data.get("index", 0)), name=data.get("name"), uuid=data.get("uuid"),
             capability=(int(cc[0]), int(cc[1])) if cc else None,
             memory_total=data.get("memory_total"), memory_used=data.get("memory_used"),
+            memory_free=data.get("memory_free"),
             compute_mode=data.get("compute_mode"), mig_enabled=data.get("mig_enabled"),
             mig_instances=data.get("mig_instances"), processes=data.get("processes"),
         )

@@ -63,8 +63,8 @@ def torchvision_minor(torch_minor: tuple[int, int]) -> str:
 def paired_companion(name: str, torch_version: str) -> str | None:
     """The torchvision or torchaudio release built for this torch: 2.13.0+cpu -> torchvision 0.28.0, torchaudio
     2.13.0 (both keep torch's patch number). None for a torch outside the 2.x line."""
-    base = _base_version(torch_version)
-    minor = _release_minor(torch_version)
+    base = base_version(torch_version)
+    minor = release_minor(torch_version)
     if base is None or minor is None or minor[0] != 2:
         return None
     if name == "torchvision":
@@ -74,7 +74,7 @@ def paired_companion(name: str, torch_version: str) -> str | None:
 
 def companion_torch_minor(name: str, version: str) -> tuple[int, int] | None:
     """The torch release a companion version belongs to: torchvision 0.28.x -> (2, 13), torchaudio 2.13.x -> (2, 13)."""
-    minor = _release_minor(version)
+    minor = release_minor(version)
     if minor is None:
         return None
     if name == "torchvision":
@@ -180,12 +180,12 @@ def arch_supports(arch_flags: list[str], cc: tuple[int, int]) -> bool:
     return False
 
 
-def _release_minor(torch_version: str) -> tuple[int, int] | None:
+def release_minor(torch_version: str) -> tuple[int, int] | None:
     m = re.match(r"\s*(\d+)\.(\d+)", torch_version)
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _base_version(torch_version: str) -> str | None:
+def base_version(torch_version: str) -> str | None:
     # "2.9.1+cpu" -> "2.9.1"; pre-releases ("2.15.0.dev2026...") keep only X.Y.Z.
     m = re.match(r"\s*(\d+\.\d+\.\d+)", torch_version)
     return m.group(1) if m else None
@@ -193,7 +193,7 @@ def _base_version(torch_version: str) -> str | None:
 
 def arch_flags_for(torch_version: str, cuda_version: str) -> list[str] | None:
     """The sm/compute list of the Linux x86_64 wheel, e.g. for ("2.13.0+cu130", "13.0"); None if unknown."""
-    minor = _release_minor(torch_version)
+    minor = release_minor(torch_version)
     try:
         cuda = parse_cuda_version(cuda_version)
     except ValueError:
@@ -251,9 +251,9 @@ def _released_newest_first() -> list[TorchRelease]:
 def _pick(drv_int: int, ccs: list[tuple[int, int]], installed: str | None
           ) -> tuple[TorchRelease, str, WheelVariant] | None:
     """(release, torch spec, variant): the installed release when it can work, else the newest that can."""
-    minor = _release_minor(installed) if installed else None
+    minor = release_minor(installed) if installed else None
     rel = RELEASES.get(minor) if minor else None
-    base = _base_version(installed) if installed else None
+    base = base_version(installed) if installed else None
     if rel is not None and rel.released and base:
         cands = _candidates(rel, drv_int, ccs)
         if cands:
@@ -314,9 +314,9 @@ def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]]
                       ) -> InstallAdvice:
     """The catalogue's §5.3 algorithm: the wheel to install for this driver and these GPUs."""
     companions = (with_torchvision, with_torchaudio)
-    minor = _release_minor(installed_torch) if installed_torch else None
+    minor = release_minor(installed_torch) if installed_torch else None
     installed_rel = RELEASES.get(minor) if minor else None
-    base = _base_version(installed_torch) if installed_torch else None
+    base = base_version(installed_torch) if installed_torch else None
     keep = installed_rel is not None and installed_rel.released and base is not None
 
     if rocm:
