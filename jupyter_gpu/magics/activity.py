@@ -1,7 +1,9 @@
-"""When each cell ran: the windows `%gpucheck` matches against the shared sampler's GPU readings.
+"""Which cell is running and when the last ones ran, from IPython's own events: one recorder per shell.
 
-IPython glue: `pre_run_cell`/`post_run_cell` record wall-clock start and end (the clock `Sample.timestamp`
-uses) of the last cells; nothing is sampled here and nothing touches torch, NVML or CUDA.
+`%gpupanel`'s "GPU idle while a cell runs" alert reads the running cell; `%gpucheck` matches the finished
+cells' windows against the shared sampler's GPU readings. IPython glue: `pre_run_cell`/`post_run_cell` record
+wall-clock times (the clock `Sample.timestamp` uses); nothing is sampled here and nothing touches torch, NVML or
+CUDA.
 """
 
 from __future__ import annotations
@@ -16,24 +18,26 @@ KEPT_CELLS = 20
 
 
 class CellActivity:
-    """Records the last `KEPT_CELLS` cell executions of one shell; `close()` unregisters."""
+    """The running cell and the last `KEPT_CELLS` finished ones of one shell; `close()` unregisters."""
 
     def __init__(self, shell: Any, kept: int = KEPT_CELLS) -> None:
         self.shell = shell
+        self.started: float | None = None  # time.time() when the running cell began; None between cells
+        self.cell_id: str | None = None  # the front end's id of the last cell run, when it sends one
         self._cells: deque[dict[str, Any]] = deque(maxlen=kept)
-        self._started: float | None = None
         shell.events.register("pre_run_cell", self._pre)
         shell.events.register("post_run_cell", self._post)
 
     def _pre(self, info: Any = None) -> None:
-        self._started = time.time()
+        self.started = time.time()
+        self.cell_id = getattr(info, "cell_id", None)
 
     def _post(self, result: Any = None) -> None:
-        if self._started is None:
+        if self.started is None:
             return
         count = getattr(result, "execution_count", None)
-        self._cells.append({"execution_count": count, "started": self._started, "ended": time.time()})
-        self._started = None
+        self._cells.append({"execution_count": count, "started": self.started, "ended": time.time()})
+        self.started = None
 
     def cells(self) -> list[dict[str, Any]]:
         """Finished cells, oldest first (the cell running `%gpucheck` has not finished, so it is not here)."""

@@ -9,17 +9,17 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
+from jupyter_gpu.magics.activity import activity_for, close_activity
 from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.hub import shared_hub
 from jupyter_gpu.options import OptionsError, gpupanel_parser, help_from
-from jupyter_gpu.widgets.activity import CellActivity
 
 
 @magics_class
 class GpuPanelMagics(Magics):
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
-        self.activity = CellActivity(shell)
+        self.activity = activity_for(shell)  # shared with %gpucheck: one pair of cell hooks per shell
         self._open: list[tuple[Any, str | None]] = []  # (GpuPanel, id of the cell that opened it), oldest first
 
     @line_magic
@@ -90,4 +90,4 @@ class GpuPanelMagics(Magics):
     def close(self) -> None:
         """`%unload_ext`: every panel stops, the cell hooks go."""
         self.close_panels()
-        self.activity.close()
+        close_activity(self.shell)

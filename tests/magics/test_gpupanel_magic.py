@@ -55,7 +55,7 @@ def test_unload_stops_every_panel_thread_and_cell_hook(ip):
     ip.run_line_magic("unload_ext", "jupyter_gpu")
     try:
         assert all(p.closed for p in panels) and sampler_threads() == []
-        assert len(hooks) == 4, hooks  # pre and post: the panels' cell tracker and %gpucheck's cell recorder
+        assert len(hooks) == 2, hooks  # pre and post of the one cell recorder %gpupanel and %gpucheck share
         assert our_callbacks(ip) == [], "the pre/post_run_cell hooks are unregistered"
         assert len(ipywidgets.widgets.widget._instances) == 0
     finally:
