@@ -281,19 +281,20 @@ def _worker_processes(loaders: list[dict], *, shm_bytes: int | None, hosting: di
     return findings
 
 
-def _batches_in_flight(dl: dict) -> tuple[int | None, str]:
-    """Bytes one loader's workers keep in /dev/shm (None when one sample's size is unknown), and how."""
+def _batches_in_flight(dl: dict) -> tuple[int, bool, str]:
+    """Bytes one loader's workers keep in /dev/shm, whether they are known (else a per-worker allowance), and how
+    they were counted."""
     workers, prefetch = dl["num_workers"], dl.get("prefetch_factor") or SHM_DEFAULT_PREFETCH
     sample, batch = dl.get("sample_bytes"), dl.get("batch_size")
     if sample is not None and batch:
         total = workers * prefetch * batch * sample
         how = (f"{workers} workers x prefetch_factor {prefetch} x batch_size {batch} x "
                f"{format_bytes(sample)} per sample = {format_bytes(total)}")
-        return total, f"`{dl['name']}`: {how}"
+        return total, True, f"`{dl['name']}`: {how}"
     allowance = workers * SHM_UNKNOWN_WORKER_BYTES
     how = (f"{workers} workers x {format_bytes(SHM_UNKNOWN_WORKER_BYTES)} allowed per worker (one sample's "
            f"size is unknown) = {format_bytes(allowance)}")
-    return None, f"`{dl['name']}`: {how}"
+    return allowance, False, f"`{dl['name']}`: {how}"
 
 
 def shm_size_gib(workers: list[dict]) -> tuple[int, int, list[str]]:
@@ -303,9 +304,9 @@ def shm_size_gib(workers: list[dict]) -> tuple[int, int, list[str]]:
     headroom, rounded up, at least 1."""
     known, total, how = 0, 0, []
     for dl in workers:
-        in_flight, line = _batches_in_flight(dl)
-        known += in_flight or 0
-        total += in_flight if in_flight is not None else dl["num_workers"] * SHM_UNKNOWN_WORKER_BYTES
+        in_flight, measured, line = _batches_in_flight(dl)
+        known += in_flight if measured else 0
+        total += in_flight
         how.append(line)
     return max(1, math.ceil(total * SHM_HEADROOM / GIB)), known, how
 
