@@ -10,8 +10,8 @@ from typing import Any
 
 from jupyter_gpu.version import __version__
 
-__all__ = ["BatchProbeResult", "Comparison", "GpuCheckReport", "GpuTimeResult", "GpuUnavailableError", "__version__",
-           "compare", "probe_batch_size", "require_gpu"]
+__all__ = ["BatchProbeResult", "Comparison", "DataProbeResult", "GpuCheckReport", "GpuTimeResult",
+           "GpuUnavailableError", "__version__", "compare", "probe_batch_size", "probe_loader", "require_gpu"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -72,6 +72,14 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu.batchprobe.result import BatchProbeResult
 
         return BatchProbeResult
+    if name == "probe_loader":
+        from jupyter_gpu.dataprobe.runner import probe_loader
+
+        return probe_loader
+    if name == "DataProbeResult":
+        from jupyter_gpu.dataprobe.result import DataProbeResult
+
+        return DataProbeResult
     if name == "GpuCheckReport":
         from jupyter_gpu.gpucheck.report import GpuCheckReport
 

@@ -269,18 +269,43 @@ def interval_type(flag: str) -> Callable[[str], float]:
     return parse
 
 
-def _device_indices(text: str) -> tuple[int, ...]:
-    """'0,2,4-7' -> (0, 2, 4, 5, 6, 7): NVML indices, as nvidia-smi numbers the GPUs."""
-    indices: set[int] = set()
-    for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
-        try:
-            first = int(low)
-            last = int(high) if dash else first
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--devices takes GPU indices like 0,2 or 0-3, not {text!r}") from None
-        if first < 0 or last < first:
-            raise argparse.ArgumentTypeError(f"--devices takes GPU indices like 0,2 or 0-3, not {text!r}")
-        indices.update(range(first, last + 1))
-    return tuple(sorted(indices))
+def _number_list(flag: str, what: str) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type for '0,2,4-7' -> (0, 2, 4, 5, 6, 7): whole numbers, listed or as ranges."""
+    def parse(text: str) -> tuple[int, ...]:
+        numbers: set[int] = set()
+        for part in text.split(","):
+            low, dash, high = part.strip().partition("-")
+            try:
+                first = int(low)
+                last = int(high) if dash else first
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{flag} takes {what} like 0,2 or 0-3, not {text!r}") from None
+            if first < 0 or last < first:
+                raise argparse.ArgumentTypeError(f"{flag} takes {what} like 0,2 or 0-3, not {text!r}")
+            numbers.update(range(first, last + 1))
+        return tuple(sorted(numbers))
+    return parse
+
+
+# NVML indices, as nvidia-smi numbers the GPUs.
+_device_indices = _number_list("--devices", "GPU indices")
+
+
+def dataprobe_parser(prog: str = "%dataprobe") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False,
+                            description="Is the input pipeline starving the training step, and which DataLoader "
+                                        "settings fix it, measured.",
+                            usage="%(prog)s LOADER [--step STEP] [options]  (STEP(batch) runs one training step "
+                                  "on a batch as LOADER yields it)")
+    parser.add_argument("--step", metavar="STEP", default=None,
+                        help="a function step(batch) that runs one training step: compares the loader with it")
+    parser.add_argument("--workers", type=_number_list("--workers", "worker counts"), default=None, metavar="LIST",
+                        help="num_workers values to try, e.g. 0,2,4 or 0-8 (default 0, 1, 2, 4, ... up to the "
+                             "CPUs this process may use)")
+    parser.add_argument("--seconds", type=seconds_type("--seconds"), default=60.0, metavar="S",
+                        help="time budget for the whole probe (default 60)")
+    parser.add_argument("-o", dest="return_result", action="store_true",
+                        help="return the DataProbeResult (.verdict, .recommended, .speedup, .trials)")
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    parser.add_argument("names", nargs="*", metavar="LOADER", help="the DataLoader to probe")
+    return parser

@@ -34,6 +34,8 @@ PURE = [
     "jupyter_gpu.batchprobe.search", "jupyter_gpu.batchprobe.oom", "jupyter_gpu.batchprobe.result",
     "jupyter_gpu.batchprobe.render", "jupyter_gpu.batchprobe.estimate_result", "jupyter_gpu.batchprobe.estimate_render",
     "jupyter_gpu.batchprobe.user_line", "jupyter_gpu.batchprobe.ticker",
+    "jupyter_gpu.dataprobe", "jupyter_gpu.dataprobe.settings", "jupyter_gpu.dataprobe.result",
+    "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
@@ -51,7 +53,8 @@ PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nv
                   "jupyter_gpu.gputime.busy", "jupyter_gpu.gputime.runner", "jupyter_gpu.batchprobe.budget",
                   "jupyter_gpu.batchprobe.state", "jupyter_gpu.batchprobe.release", "jupyter_gpu.batchprobe.holders",
                   "jupyter_gpu.batchprobe.estimate", "jupyter_gpu.batchprobe.runner", "jupyter_gpu.gpucheck.run",
-                  "jupyter_gpu.autoload.install", "jupyter_gpu.autoload.startup"]
+                  "jupyter_gpu.autoload.install", "jupyter_gpu.autoload.startup", "jupyter_gpu.dataprobe.loaders",
+                  "jupyter_gpu.dataprobe.measure", "jupyter_gpu.dataprobe.pitfalls", "jupyter_gpu.dataprobe.runner"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

@@ -10,13 +10,15 @@ if TYPE_CHECKING:
     from IPython.core.magic import Magics
 
 # What `%load_ext jupyter_gpu` registers and `%unload_ext` removes: only magics that exist.
-MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe", "gpupanel"], "cell": ["gputime", "batchprobe"]}
+MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe", "gpupanel", "dataprobe"],
+               "cell": ["gputime", "batchprobe"]}
 
 
 def magic_classes() -> list[type[Magics]]:
     from jupyter_gpu.magics.batchprobe import BatchProbeMagics
+    from jupyter_gpu.magics.dataprobe import DataProbeMagics
     from jupyter_gpu.magics.gpucheck import GpuCheckMagics
     from jupyter_gpu.magics.gpupanel import GpuPanelMagics
     from jupyter_gpu.magics.gputime import GpuTimeMagics
 
-    return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics, GpuPanelMagics]
+    return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics, GpuPanelMagics, DataProbeMagics]

@@ -234,6 +234,9 @@ def test_dataloader_settings():
         "dataset_len": 20_000,
         "prefetch_factor": None,  # torch holds None without workers
         "sample_bytes": 4 * 4 + 4,  # one float32 row of 4 and one float32 target
+        "cuda_initialized": False,
+        "dataset_cuda": None,
+        "dataset_python_containers": [],
     }
     assert by_name(facts)["train_loader"]["start_method"] in multiprocessing.get_all_start_methods()
 

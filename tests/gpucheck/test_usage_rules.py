@@ -192,8 +192,13 @@ def test_dataloader_bottleneck_names_the_loader_and_gives_the_fast_settings():
     assert (
         "`train_loader`" in f.headline and "num_workers=0" in f.headline and "pin_memory=False" in f.headline
     )
-    assert f.fix[0] == "import os"
-    assert f.fix[1].startswith(
+    # The measurement first: it runs the user's own loader and step, where the defaults below are a guess.
+    assert f.fix[0] == (
+        "%dataprobe train_loader --step train_step   # measures which settings help here "
+        "(train_step(batch) runs one step)"
+    )
+    assert f.fix[1] == "import os"
+    assert f.fix[2].startswith(
         "train_loader = DataLoader(..., num_workers=min(8, os.cpu_count()), "
         "pin_memory=True, persistent_workers=True)"
     )

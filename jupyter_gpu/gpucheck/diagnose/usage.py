@@ -11,37 +11,29 @@ heuristics, and performance findings are warn or info, never fail. Findings abou
 
 Tensors marked `small` (under 1 MiB, gathered only because the last error is a device mismatch) serve only
 DEVICE_MISMATCH_ERROR; the other rules leave them out, as they would never have been gathered otherwise.
+
+The rules about DataLoader worker processes live in `worker_rules`, shared with `%dataprobe`.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
+from jupyter_gpu.gpucheck.diagnose.worker_rules import MOVE_DATASET, worker_findings
 from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch, held_on
 from jupyter_gpu.models import LAYER_LAST_ERROR, LAYER_USAGE, Finding
 from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
-from jupyter_gpu.units import format_bytes
 
 MODEL_MIN_PARAMS = 10_000
-GIB = 1 << 30
-SHM_MIN_BYTES = 512 * 1024 * 1024  # DeepSpeed's threshold: below it, any worker setup is at risk
-# Sizing /dev/shm for DataLoader workers: each worker keeps `prefetch_factor` collated batches in shared
-# memory, so the batches in flight are num_workers x prefetch_factor. Headroom covers the batch being
-# handed over to the main process and the pin-memory thread's copies.
-SHM_DEFAULT_PREFETCH = 2  # torch's default prefetch_factor once num_workers > 0
-SHM_HEADROOM = 2
-# When one sample's size is unknown (any dataset but a TensorDataset), each worker is allowed this much
-# before headroom: 8 workers then come to the 8 GiB that Docker users are usually told to give.
-SHM_UNKNOWN_WORKER_BYTES = 512 * 1024 * 1024
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
 TF32_DOC = "https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
 LOADER_ARGS = "num_workers=min(8, os.cpu_count()), pin_memory=True, persistent_workers=True"
+# The measurement comes first: which settings help depends on this loader and this step, not on a rule of thumb.
+DATAPROBE = "%dataprobe {0} --step train_step   # measures which settings help here (train_step(batch) runs one step)"
 MOVE_STATE = "{0}.load_state_dict({0}.state_dict())  # moves {0}'s state onto its parameters' devices"
 DETERMINISTIC_OFF = "torch.use_deterministic_algorithms(False)"
 CUDNN_DETERMINISTIC_OFF = "torch.backends.cudnn.deterministic = False"
-MOVE_DATASET = "# move class {0} into a file such as datasets.py next to the notebook, then:"
 
 
 def _usage(code: str, severity: str, headline: str, evidence: dict, fix: list[str], *refs: str) -> Finding:
@@ -99,7 +91,7 @@ def usage_findings(
     findings += _cudnn(flags, models, gpu_models, gpu_kind=gpu_kind)
     findings += _fp64(models, gpu_usable=gpu_usable)
     findings += _debug_modes(flags, cuda_launch_blocking=cuda_launch_blocking)
-    findings += _worker_processes(loaders, shm_bytes=shm_bytes, hosting=hosting)
+    findings += worker_findings(loaders, shm_bytes=shm_bytes, hosting=hosting)
     return findings
 
 
@@ -193,7 +185,8 @@ def _loader_bottlenecks(
         keys = ("num_workers", "pin_memory", "batch_size", "dataset_len")
         evidence = {"variable": dl["name"], **{k: dl[k] for k in keys}, "cpu_count": cpu_count}
         evidence["gpu_models"] = [m["name"] for m in gpu_models]
-        fix = ["import os", f"{dl['name']} = DataLoader(..., {LOADER_ARGS})  # keep your other arguments"]
+        fix = [DATAPROBE.format(dl["name"]), "import os",
+               f"{dl['name']} = DataLoader(..., {LOADER_ARGS})  # keep your other arguments"]
         findings.append(_usage("DATALOADER_BOTTLENECK", "warn", headline, evidence, fix, TUNING_GUIDE))
     return findings
 
@@ -259,92 +252,6 @@ def _debug_modes(flags: dict, *, cuda_launch_blocking: bool) -> list[Finding]:
     headline = f"Debugging aids that slow every step are on: {', '.join(labels)}."
     fix = [f for _, f in enabled]
     return [_usage("DEBUG_MODE_ON", "warn", headline, {"enabled": labels}, fix, TUNING_GUIDE)]
-
-
-def _worker_processes(loaders: list[dict], *, shm_bytes: int | None, hosting: dict | None) -> list[Finding]:
-    findings = []
-    workers = [dl for dl in loaders if dl["num_workers"] > 0]
-    for dl in workers:
-        if dl["start_method"] in ("spawn", "forkserver") and dl["dataset_module"] == "__main__":
-            name, cls = dl["name"], dl["dataset_class"]
-            headline = (
-                f"DataLoader `{name}` starts workers with '{dl['start_method']}', which cannot import "
-                f"`{cls}` (defined in the notebook): iterating it fails or hangs."
-            )
-            keys = ("start_method", "num_workers", "dataset_class", "dataset_module")
-            evidence = {"variable": name, **{k: dl[k] for k in keys}}
-            fix = [MOVE_DATASET.format(cls), f"from datasets import {cls}"]
-            fix.append(f"# or load in the kernel's process: {name} = DataLoader(..., num_workers=0)")
-            findings.append(_usage("NOTEBOOK_SPAWN_PICKLING", "warn", headline, evidence, fix))
-    if workers and shm_bytes is not None:
-        findings += _shared_memory(workers, shm_bytes, hosting)
-    return findings
-
-
-def _batches_in_flight(dl: dict) -> tuple[int, bool, str]:
-    """Bytes one loader's workers keep in /dev/shm, whether they are known (else a per-worker allowance), and how
-    they were counted."""
-    workers, prefetch = dl["num_workers"], dl.get("prefetch_factor") or SHM_DEFAULT_PREFETCH
-    sample, batch = dl.get("sample_bytes"), dl.get("batch_size")
-    if sample is not None and batch:
-        total = workers * prefetch * batch * sample
-        how = (f"{workers} workers x prefetch_factor {prefetch} x batch_size {batch} x "
-               f"{format_bytes(sample)} per sample = {format_bytes(total)}")
-        return total, True, f"`{dl['name']}`: {how}"
-    allowance = workers * SHM_UNKNOWN_WORKER_BYTES
-    how = (f"{workers} workers x {format_bytes(SHM_UNKNOWN_WORKER_BYTES)} allowed per worker (one sample's "
-           f"size is unknown) = {format_bytes(allowance)}")
-    return allowance, False, f"`{dl['name']}`: {how}"
-
-
-def shm_size_gib(workers: list[dict]) -> tuple[int, int, list[str]]:
-    """(whole GiB to give /dev/shm, bytes known to be in flight, how each loader was counted).
-
-    The GiB are the batches in flight (an allowance per worker where a sample's size is unknown) times the
-    headroom, rounded up, at least 1."""
-    known, total, how = 0, 0, []
-    for dl in workers:
-        in_flight, measured, line = _batches_in_flight(dl)
-        known += in_flight if measured else 0
-        total += in_flight
-        how.append(line)
-    return max(1, math.ceil(total * SHM_HEADROOM / GIB)), known, how
-
-
-def _shm_fix(gib: int, hosting: dict | None) -> list[str]:
-    hosting = hosting if hosting is not None else {"docker": True}
-    if hosting.get("kubernetes"):
-        return [
-            "# Kubernetes: mount a memory-backed emptyDir on /dev/shm in the pod spec, then recreate the pod:",
-            f"volumes: [{{name: dshm, emptyDir: {{medium: Memory, sizeLimit: {gib}Gi}}}}]",
-            "volumeMounts: [{name: dshm, mountPath: /dev/shm}]   # in this notebook's container",
-        ]
-    engine = "podman" if hosting.get("podman") else "docker"
-    if engine == "docker" and not (hosting.get("docker") or hosting.get("cgroup_container")):
-        return [f"sudo mount -o remount,size={gib}G /dev/shm   # not a container: resize the host's /dev/shm"]
-    return [
-        f"{engine} run --shm-size={gib}g ...   # start the container again with this flag",
-        f"{engine} run --ipc=host ...   # or share the host's /dev/shm instead",
-    ]
-
-
-def _shared_memory(workers: list[dict], shm_bytes: int, hosting: dict | None) -> list[Finding]:
-    gib, known, how = shm_size_gib(workers)
-    if shm_bytes >= SHM_MIN_BYTES and shm_bytes >= known:
-        return []
-    names = [dl["name"] for dl in workers]
-    size = f"{shm_bytes / 2**20:.0f} MiB"
-    headline = f"/dev/shm holds only {size}: workers of {_quoted(names)} can die with a bus error"
-    headline += f" (their batches in flight take {format_bytes(known)})." if known > shm_bytes else "."
-    fix = _shm_fix(gib, hosting)
-    fix.append(f"# or, without a restart: {names[0]} = DataLoader(..., num_workers=0)")
-    evidence = {
-        "shm_bytes": shm_bytes,
-        "dataloaders": names,
-        "batches_in_flight": how,
-        "shm_needed": f"{gib} GiB: the batches in flight x{SHM_HEADROOM} headroom, rounded up to whole GiB",
-    }
-    return [_usage("SHM_TOO_SMALL", "warn", headline, evidence, fix)]
 
 
 # --- the last cell's exception ---------------------------------------------------------------------------

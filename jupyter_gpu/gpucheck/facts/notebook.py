@@ -31,13 +31,9 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
     are there to explain that error, and other rules leave them out. The key is absent on every other tensor.
   - kind "optimizer" (`torch.optim.Optimizer`): `class`, `param_devices` (sorted), `state_devices` (sorted;
     0-dim state such as Adam's `step`, which PyTorch keeps on the CPU by design, is left out).
-  - kind "dataloader" (`torch.utils.data.DataLoader`): `batch_size` (None with a batch_sampler),
-    `num_workers`, `pin_memory`, `persistent_workers`, `start_method` (the loader's multiprocessing_context,
-    else the process-wide start method, else the platform default), `dataset_class` (qualified name),
-    `dataset_module` (`type(dataset).__module__`), `dataset_len` (None when `len()` is unsupported or raised),
-    `prefetch_factor` (batches each worker loads ahead, as the loader holds it: None with num_workers=0),
-    `sample_bytes` (bytes of one sample, read from the tensors' shapes of a `TensorDataset`, also inside a
-    `Subset`; None for any other dataset, whose `__getitem__` is never called).
+  - kind "dataloader" (`torch.utils.data.DataLoader`): the keys `jupyter_gpu.gpucheck.facts.loader.loader_facts`
+    lists (batch size, workers, start method, dataset class and length, prefetch, one sample's bytes, CUDA state,
+    CUDA tensors and large Python containers in the dataset), read without iterating the loader.
   - kind "grad_scaler" (`torch.amp.GradScaler` / `torch.cuda.amp.GradScaler`: AMP in use): `class`, `enabled`.
 - `missing_names` (list of str): names requested in `names` that are not in the namespace.
 - `unsupported_names` (list of str): names requested in `names` whose value is not a kind audited here.
@@ -49,19 +45,17 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
 
 from __future__ import annotations
 
-import math
-import multiprocessing
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from jupyter_gpu.gpucheck.facts.errors import describe_error, error_message, qualified_name
+from jupyter_gpu.gpucheck.facts.loader import loader_facts
 from jupyter_gpu.kernel_torch import loaded_torch
 from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch
 
 MIB = 1024 * 1024
 MAX_CHAIN = 10
 MAX_SMALL_TENSORS = 64  # enough to name the culprits of a device mismatch, few enough to keep a snapshot small
-MAX_SUBSET_DEPTH = 8  # Subset(Subset(...)) chains deeper than this are not followed
 IPYTHON_NAMES = frozenset({"In", "Out", "exit", "quit", "get_ipython"})
 
 
@@ -196,7 +190,7 @@ def _read_object(
     if isa("optimizer"):
         return _optimizer(name, value, types["tensor"])
     if isa("dataloader"):
-        return _dataloader(name, value, types)
+        return loader_facts(name, value, types)
     if isa("grad_scaler"):
         enabled = bool(value.is_enabled())  # type: ignore[attr-defined]
         return {"kind": "grad_scaler", "name": name, "class": qualified_name(type(value)), "enabled": enabled}
@@ -256,53 +250,6 @@ def _optimizer(name: str, optimizer: Any, tensor_types: tuple[type, ...]) -> dic
         "state_devices": sorted(
             {str(v.device) for v in state if isinstance(v, tensor_types) and v.dim() > 0}
         ),
-    }
-
-
-def _start_method(loader: Any) -> str | None:
-    context = loader.multiprocessing_context
-    if isinstance(context, str):
-        return context
-    if context is not None:
-        return context.get_start_method()
-    # allow_none=True and get_all_start_methods() both read without fixing the process-wide context.
-    chosen = multiprocessing.get_start_method(allow_none=True)
-    return chosen or multiprocessing.get_all_start_methods()[0]
-
-
-def _sample_bytes(dataset: Any, types: dict[str, Any]) -> int | None:
-    """One sample's bytes from the tensors' shapes alone; None unless that is known without loading a sample."""
-    for _ in range(MAX_SUBSET_DEPTH):
-        if types["subset"] and isinstance(dataset, types["subset"]):
-            dataset = dataset.dataset
-            continue
-        if types["tensor_dataset"] and isinstance(dataset, types["tensor_dataset"]):
-            # Row i of every tensor is sample i: its bytes are one row's elements times the element size.
-            return sum(math.prod(t.shape[1:]) * t.element_size() for t in dataset.tensors)
-        return None
-    return None
-
-
-def _dataloader(name: str, loader: Any, types: dict[str, Any]) -> dict:
-    dataset = loader.dataset
-    try:
-        length: int | None = len(dataset)
-    except Exception:  # IterableDataset raises TypeError; a user's __len__ may raise anything
-        length = None
-    prefetch = getattr(loader, "prefetch_factor", None)
-    return {
-        "kind": "dataloader",
-        "name": name,
-        "batch_size": loader.batch_size,
-        "num_workers": int(loader.num_workers),
-        "pin_memory": bool(loader.pin_memory),
-        "persistent_workers": bool(loader.persistent_workers),
-        "start_method": _start_method(loader),
-        "dataset_class": type(dataset).__qualname__,
-        "dataset_module": type(dataset).__module__,
-        "dataset_len": length,
-        "prefetch_factor": int(prefetch) if prefetch is not None else None,
-        "sample_bytes": _sample_bytes(dataset, types),
     }
 
 

@@ -1,0 +1,1 @@
+"""`%dataprobe`: is the input pipeline starving the training step, and which DataLoader settings fix it."""

@@ -1,0 +1,143 @@
+"""The pure decisions of `%dataprobe`: which settings to try, the verdict, and which setting to recommend.
+
+Everything here works on numbers already measured, so it is tested with plain pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from jupyter_gpu.dataprobe.result import Trial
+from jupyter_gpu.dataprobe.settings import DEFAULT_PREFETCH, LoaderSettings
+
+# The verdict reads the share of the loop the step waited for data. Below 10% a perfect loader would buy at
+# most 1.11x: tuning the loader is not where the time is. Above 30% it would buy at least 1.43x.
+COMPUTE_BOUND_BELOW = 0.10
+INPUT_BOUND_ABOVE = 0.30
+# A recommendation must reach this share of the best throughput the sweep saw (the issue's 10% goal).
+WITHIN_BEST = 0.90
+# Between two settings this close, the cheaper one (fewer workers, less memory held) is recommended.
+CHEAPER_WITHIN = 0.05
+# A stated prediction is "confirmed" when the check lands within 15% of it (the research's goal).
+PREDICTION_TOLERANCE = 0.15
+LARGER_PREFETCH = 4
+# A loop within 5% of the step alone has nothing left to gain from the loader: more workers cannot beat the step.
+CEILING_SHARE = 0.95
+# More workers past the best count: two counts in a row this much slower mean oversubscription, not noise.
+SLOWER_BY = 0.10
+
+
+def verdict(wait_fraction: float) -> str:
+    """input-bound / compute-bound / balanced from the share of the loop spent waiting for data."""
+    if wait_fraction >= INPUT_BOUND_ABOVE:
+        return "input-bound"
+    if wait_fraction < COMPUTE_BOUND_BELOW:
+        return "compute-bound"
+    return "balanced"
+
+
+def perfect_loader_speedup(step_alone: float | None, together: float | None) -> float | None:
+    """How much faster the loop would run if batches arrived instantly: the step alone over the loop."""
+    if not step_alone or not together:
+        return None
+    return max(1.0, step_alone / together)  # below 1 is noise: a loop cannot beat its own step
+
+
+def worker_counts(cpus: int, current: int) -> list[int]:
+    """0, 1, 2, 4, ... up to the CPUs this process may use, that count itself, and the user's own."""
+    counts = {0, current}
+    count = 1
+    while count <= cpus:
+        counts.add(count)
+        count *= 2
+    counts.add(max(cpus, 1))
+    return sorted(counts)
+
+
+def first_stage(counts: Iterable[int], *, pin_memory: bool) -> list[LoaderSettings]:
+    """The worker sweep: each count with torch's default prefetch, persistent workers, pinned on a GPU."""
+    return [LoaderSettings(count, DEFAULT_PREFETCH, persistent_workers=True, pin_memory=pin_memory)
+            for count in sorted(set(counts))]
+
+
+def second_stage(leaders: Sequence[LoaderSettings], *, gpu: bool) -> list[LoaderSettings]:
+    """Around the best worker counts: a deeper prefetch queue and, on a GPU, pinning toggled; for the best count
+    also workers restarted every epoch (what persistent_workers saves)."""
+    found: list[LoaderSettings] = []
+    for rank, lead in enumerate(leaders):
+        if lead.num_workers == 0:
+            variants = [LoaderSettings(0, pin_memory=not lead.pin_memory)] if gpu else []
+        else:
+            variants = [LoaderSettings(lead.num_workers, LARGER_PREFETCH, lead.persistent_workers, lead.pin_memory)]
+            if rank == 0:
+                variants.append(LoaderSettings(lead.num_workers, lead.prefetch_factor, not lead.persistent_workers,
+                                               lead.pin_memory))
+            if gpu:
+                variants.append(LoaderSettings(lead.num_workers, lead.prefetch_factor, lead.persistent_workers,
+                                               not lead.pin_memory))
+        found.extend(variant for variant in variants if variant not in found and variant not in leaders)
+    return found
+
+
+def at_ceiling(rate: float | None, ceiling: float | None) -> bool:
+    """Whether the loop already runs at the step's own speed (the ceiling a perfect loader would reach)."""
+    return rate is not None and ceiling is not None and rate >= CEILING_SHARE * ceiling
+
+
+def stop_adding_workers(measured: Sequence[tuple[int, float]], ceiling: float | None) -> str | None:
+    """Why the worker sweep can stop after these (count, samples/s) results, in the order run; None to go on."""
+    if not measured:
+        return None
+    count, rate = measured[-1]
+    if at_ceiling(rate, ceiling):
+        return f"the loop already ran at the step's own speed with {count} worker{'s' if count != 1 else ''}"
+    best = max(rate for _, rate in measured)
+    if len(measured) >= 3 and all(rate < (1 - SLOWER_BY) * best for _, rate in measured[-2:]):
+        return "the last two worker counts were each more than 10% slower than the best (too many processes)"
+    return None
+
+
+def pooled(trials: Iterable[Trial]) -> dict[LoaderSettings, list[float]]:
+    """Every window measured for each setting, over all the trials that ran it without an error."""
+    windows: dict[LoaderSettings, list[float]] = {}
+    for trial in trials:
+        if trial.error is None and trial.rates:
+            windows.setdefault(trial.settings, []).extend(trial.rates)
+    return windows
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def ranking(trials: Iterable[Trial]) -> list[tuple[LoaderSettings, float]]:
+    """Settings by pooled median samples/s, best first; ties go to the cheaper setting."""
+    rates = {settings: median(windows) for settings, windows in pooled(trials).items()}
+    return sorted(rates.items(), key=lambda item: (-item[1], item[0].cost))
+
+
+def leaders(trials: Iterable[Trial], count: int = 2) -> list[LoaderSettings]:
+    return [settings for settings, _ in ranking(trials)[:count]]
+
+
+def recommend(trials: Iterable[Trial]) -> tuple[LoaderSettings, float, float] | None:
+    """(setting, its pooled median, the best pooled median) once the leaders were measured again.
+
+    The best setting, unless a cheaper one is within CHEAPER_WITHIN of it: more workers than needed cost
+    memory and CPU the main process needs. Either way the choice is within WITHIN_BEST of the best.
+    """
+    ranked = ranking(trials)
+    if not ranked:
+        return None
+    best_settings, best = ranked[0]
+    chosen, chosen_rate = best_settings, best
+    for settings, rate in ranked[1:]:
+        if rate >= best * (1 - CHEAPER_WITHIN) and settings.cost < chosen.cost:
+            chosen, chosen_rate = settings, rate
+    return chosen, chosen_rate, best
+
+
+def prediction_holds(predicted: float, verified: float) -> bool:
+    return abs(verified - predicted) <= PREDICTION_TOLERANCE * predicted

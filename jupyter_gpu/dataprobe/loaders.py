@@ -1,0 +1,237 @@
+"""Fresh DataLoaders built like the user's, and what the probe reads from their batches and workers.
+
+The user's loader is never iterated: iterating it would advance its sampler and, with persistent workers, its live
+iterator. Every setting gets a new DataLoader over the same dataset, sampler (or batch sampler), batch size,
+collate function, drop_last, timeout, worker_init_fn, start method and generator. Samplers and generators are
+shared objects, so their state is put back afterwards (`SamplerStates`). torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_gpu.dataprobe.result import WorkerMemory
+from jupyter_gpu.dataprobe.settings import LoaderSettings
+
+# Batches are walked this deep for tensors (a dict of tuples of tensors is depth 3).
+_MAX_BATCH_DEPTH = 6
+
+
+class LoaderError(ValueError):
+    """The object cannot be probed as a DataLoader; the message is one sentence for the user."""
+
+
+def current_settings(loader: Any) -> LoaderSettings:
+    return LoaderSettings(int(loader.num_workers), getattr(loader, "prefetch_factor", None),
+                          bool(loader.persistent_workers), bool(loader.pin_memory))
+
+
+@dataclass
+class LoaderRecipe:
+    """The user's DataLoader arguments apart from the ones the sweep varies."""
+
+    arguments: dict[str, Any]
+    current: LoaderSettings
+    iterable: bool
+    batch_size: int | None
+    dataset_len: int | None
+
+    def build(self, settings: LoaderSettings) -> Any:
+        from torch.utils.data import DataLoader
+
+        arguments = dict(self.arguments)
+        if settings.num_workers == 0:
+            arguments.pop("multiprocessing_context", None)  # DataLoader refuses a start method without workers
+        return DataLoader(**arguments, **settings.kwargs())
+
+
+def recipe_of(loader: Any) -> LoaderRecipe:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if not isinstance(loader, DataLoader):
+        raise LoaderError(f"it is a {type(loader).__name__}, not a torch.utils.data.DataLoader")
+    dataset = loader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    arguments: dict[str, Any] = {
+        "dataset": dataset, "collate_fn": loader.collate_fn, "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn, "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+    }
+    if hasattr(loader, "in_order"):
+        arguments["in_order"] = loader.in_order
+    if loader.batch_size is not None:
+        # DataLoader built its own BatchSampler from these: passing them rebuilds the same one.
+        arguments.update(batch_size=loader.batch_size, drop_last=loader.drop_last)
+        if not iterable:
+            arguments["sampler"] = loader.sampler
+    elif loader.batch_sampler is not None:
+        # The user's own batch sampler; batch_size, sampler and drop_last must then stay at their defaults.
+        arguments["batch_sampler"] = loader.batch_sampler
+    else:
+        arguments["batch_size"] = None  # no automatic batching: each item is a batch
+        if not iterable:
+            arguments["sampler"] = loader.sampler
+    try:
+        length: int | None = len(dataset)
+    except TypeError:  # an IterableDataset without __len__
+        length = None
+    if length == 0:
+        raise LoaderError("its dataset is empty (len 0), so it yields no batch to measure")
+    batch = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size", None)
+    return LoaderRecipe(arguments, current_settings(loader), iterable, batch, length)
+
+
+# -- sampler and generator state --------------------------------------------------------------------------------
+
+
+@dataclass
+class SamplerStates:
+    """The generators and plain attributes of the user's sampler, batch sampler and loader generator.
+
+    A RandomSampler built with a generator advances it on every epoch; a custom sampler may count epochs in an
+    attribute. Both are shared with the fresh loaders, so both are put back.
+    """
+
+    generators: list[tuple[Any, Any]] = field(default_factory=list)  # (generator, its state)
+    attributes: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (object, shallow copy of __dict__)
+
+    @classmethod
+    def take(cls, loader: Any) -> SamplerStates:
+        import torch
+
+        states = cls()
+        seen: set[int] = set()
+        owners = [loader.sampler, loader.batch_sampler, getattr(loader.batch_sampler, "sampler", None)]
+        candidates = [loader.generator]
+        for owner in owners:
+            if owner is None or id(owner) in seen:
+                continue
+            seen.add(id(owner))
+            attributes = getattr(owner, "__dict__", None)
+            if isinstance(attributes, dict):
+                states.attributes.append((owner, dict(attributes)))
+                candidates.extend(value for value in attributes.values() if isinstance(value, torch.Generator))
+        done: set[int] = set()
+        for generator in candidates:
+            if isinstance(generator, torch.Generator) and id(generator) not in done:
+                done.add(id(generator))
+                states.generators.append((generator, generator.get_state()))
+        return states
+
+    def restore(self) -> None:
+        for owner, attributes in self.attributes:
+            owner.__dict__.clear()
+            owner.__dict__.update(attributes)
+        for generator, state in self.generators:
+            generator.set_state(state)
+
+
+# -- batches --------------------------------------------------------------------------------------------------
+
+
+def _tensors(batch: Any, depth: int = 0) -> Iterator[Any]:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif depth < _MAX_BATCH_DEPTH:
+        if isinstance(batch, dict):
+            for value in batch.values():
+                yield from _tensors(value, depth + 1)
+        elif isinstance(batch, list | tuple):
+            for value in batch:
+                yield from _tensors(value, depth + 1)
+
+
+def batch_samples(batch: Any, batch_size: int | None) -> int:
+    """How many samples a batch holds: the first tensor's leading dimension, else its length, else batch_size."""
+    for tensor in _tensors(batch):
+        if tensor.dim() > 0:
+            return int(tensor.shape[0])
+    if isinstance(batch, list | tuple) and batch and isinstance(batch[0], list | tuple):
+        return len(batch[0])
+    return batch_size or 1
+
+
+def batch_bytes(batch: Any) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(batch))
+
+
+def to_device(batch: Any, device: Any, *, non_blocking: bool = False, depth: int = 0) -> Any:
+    """The batch with every tensor on `device`, the structure (tuple, list, dict, namedtuple) kept."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if depth >= _MAX_BATCH_DEPTH:
+        return batch
+    if isinstance(batch, dict):
+        moved = {key: to_device(value, device, non_blocking=non_blocking, depth=depth + 1)
+                 for key, value in batch.items()}
+        try:
+            return type(batch)(moved)  # OrderedDict and other mappings built from a dict keep their type
+        except TypeError:
+            return moved
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(to_device(value, device, non_blocking=non_blocking, depth=depth + 1) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(value, device, non_blocking=non_blocking, depth=depth + 1) for value in batch)
+    return batch
+
+
+# -- worker processes -----------------------------------------------------------------------------------------
+
+
+def worker_pids(iterator: Any) -> list[int]:
+    """The worker processes of a multi-process DataLoader iterator (none for num_workers=0)."""
+    return [worker.pid for worker in getattr(iterator, "_workers", []) if worker.pid is not None]
+
+
+def worker_memory(pids: list[int], proc: Path = Path("/proc")) -> WorkerMemory | None:
+    """The largest worker's resident and private bytes, from /proc/PID/smaps_rollup; None where /proc has none."""
+    largest_rss, largest_private, read = 0, None, 0
+    for pid in pids:
+        fields = _smaps_rollup(proc / str(pid) / "smaps_rollup")
+        if fields is None:
+            continue
+        read += 1
+        largest_rss = max(largest_rss, fields.get("Rss", 0))
+        if "Private_Clean" in fields or "Private_Dirty" in fields:
+            private = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+            largest_private = max(largest_private or 0, private)
+    if read == 0:
+        return None
+    return WorkerMemory(workers=len(pids), rss_bytes=largest_rss, private_bytes=largest_private)
+
+
+def _smaps_rollup(path: Path) -> dict[str, int] | None:
+    try:
+        text = path.read_text()
+    except OSError:  # not Linux, or the worker has just exited
+        return None
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            fields[name] = int(parts[0]) * 1024
+    return fields
+
+
+def shut_down(iterator: Any) -> None:
+    """Stop the iterator's workers now and wait for them (garbage collection would do it some time later)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), which a container or `taskset` may make fewer than all."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1

@@ -1,0 +1,260 @@
+"""Timing one loader setting: the loader alone or the training loop, in windows, on a fresh DataLoader.
+
+A window pulls batches until it has run for the window's seconds (and at least MIN_BATCHES), so a slow loader
+gets fewer batches rather than more time. Epochs that end inside a window start again inside it, as they would in
+training: the start-up of non-persistent workers then counts, which is what `persistent_workers` saves. The
+batches the workers prefetched while starting are drained before the first window: they would make the first
+window look faster than the steady state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpu.dataprobe.loaders import (
+    LoaderRecipe,
+    batch_samples,
+    shut_down,
+    to_device,
+    worker_memory,
+    worker_pids,
+)
+from jupyter_gpu.dataprobe.result import LOOP, StepAlone, Trial
+from jupyter_gpu.dataprobe.settings import LoaderSettings
+from jupyter_gpu.gputime.clock import DeviceClock
+
+MIN_BATCHES = 2  # a rate needs two batches; one may carry the epoch's start
+MIN_STEPS = 3
+
+
+class StepFailed(RuntimeError):
+    """The user's step raised; the original exception is the cause."""
+
+
+class EmptyEpoch(ValueError):
+    """A fresh epoch yielded no batch (an empty dataset, or drop_last with fewer samples than a batch)."""
+
+
+class _Batches:
+    """Batches from one fresh loader, starting a new epoch when one ends."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._iterator: Any = None
+        self._yielded = 0  # batches from the current epoch
+        self.pids: list[int] = []
+
+    def first(self) -> Any:
+        return self.next()
+
+    def next(self) -> Any:
+        while True:
+            if self._iterator is None:
+                with warnings.catch_warnings():
+                    # torch warns when workers outnumber the usable CPUs; the result says so once, for the sweep.
+                    warnings.filterwarnings("ignore", message="This DataLoader will create")
+                    self._iterator = iter(self._loader)
+                self._yielded = 0
+                self.pids = worker_pids(self._iterator) or self.pids
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                if self._yielded == 0:
+                    raise EmptyEpoch("an epoch of this loader yields no batch") from None
+                if not getattr(self._loader, "persistent_workers", False):
+                    shut_down(self._iterator)  # what DataLoader does at an epoch's end, done now, not at gc
+                self._iterator = None
+                continue
+            self._yielded += 1
+            return batch
+
+    def close(self) -> None:
+        if self._iterator is not None:
+            shut_down(self._iterator)
+            self._iterator = None
+        persistent = getattr(self._loader, "_iterator", None)
+        if persistent is not None:  # persistent workers live on the loader between epochs
+            shut_down(persistent)
+            self._loader._iterator = None
+
+
+@dataclass
+class StepTarget:
+    """The user's step and the device its model is on (where a cached batch goes)."""
+
+    step: Callable[[Any], Any]
+    device: Any  # torch.device
+    cuda: bool
+
+    def run(self, batch: Any) -> None:
+        try:
+            self.step(batch)  # the returned loss is dropped at once: it would keep the autograd graph alive
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+class TrialRunner:
+    """Measures settings on fresh loaders built from the user's; `restore()` runs after every trial that stepped."""
+
+    def __init__(self, torch: Any, recipe: LoaderRecipe, target: StepTarget | None,
+                 restore: Callable[[], None]) -> None:
+        self._torch = torch
+        self._recipe = recipe
+        self._target = target
+        self._restore = restore
+        self._clock = DeviceClock(torch)
+
+    def trial(self, settings: LoaderSettings, *, stage: str, mode: str, windows: int,
+              window_seconds: float) -> Trial:
+        began = time.perf_counter()
+        loop = mode == LOOP and self._target is not None
+        batches = _Batches(self._recipe.build(settings))
+        rates: list[float] = []
+        waited_total = timed_total = 0.0
+        idle_total = gpu_total = 0.0
+        timed = 0
+        first_seconds: float | None = None
+        memory = None
+        error: str | None = None
+        try:
+            start = time.perf_counter()
+            batch = batches.first()
+            first_seconds = time.perf_counter() - start
+            del batch
+            self._drain(batches, settings, window_seconds, loop)
+            for _ in range(windows):
+                samples, count, elapsed, waited, idle, gpu = self._window(batches, settings, window_seconds, loop)
+                rates.append(samples / elapsed)
+                timed += count
+                waited_total += waited
+                timed_total += elapsed
+                if idle is not None and gpu:
+                    idle_total += idle
+                    gpu_total += gpu
+            memory = worker_memory(batches.pids)
+        except (KeyboardInterrupt, StepFailed):
+            raise
+        except Exception as exc:  # a worker that died, a dataset that raised: this setting failed, say why
+            error = _one_line(exc)
+        finally:
+            batches.close()
+            if loop:
+                self._restore()
+        return Trial(settings=settings, stage=stage, mode=mode, rates=rates, first_batch_seconds=first_seconds,
+                     wait_fraction=waited_total / timed_total if loop and timed_total else None,
+                     gpu_idle_fraction=idle_total / gpu_total if gpu_total else None, worker_memory=memory,
+                     batches=timed, seconds=time.perf_counter() - began, timed_seconds=timed_total,
+                     error=error)
+
+    def _drain(self, batches: _Batches, settings: LoaderSettings, seconds: float, loop: bool) -> None:
+        """Pull the batches the workers queued while starting, for at most one window's time; in the loop they
+        go through the step, so the first timed window starts from the loop's steady state."""
+        queued = max(1, settings.num_workers * (settings.prefetch_factor or 0))
+        deadline = time.perf_counter() + seconds
+        for _ in range(queued):
+            if time.perf_counter() > deadline:
+                return
+            batch = batches.next()
+            if loop and self._target is not None:
+                self._target.run(batch)
+            del batch
+
+    def _window(self, batches: _Batches, settings: LoaderSettings, seconds: float,
+                loop: bool) -> tuple[int, int, float, float, float | None, float | None]:
+        """(samples, batches, seconds, seconds blocked in next(), GPU idle seconds, GPU seconds) of one window."""
+        target = self._target
+        events: list[tuple[Any, Any]] = []
+        cuda = loop and target is not None and target.cuda
+        move = loop and target is not None and settings.pin_memory and target.cuda
+        samples = count = 0
+        waited = 0.0
+        if loop:
+            self._clock.synchronize()
+        start = time.perf_counter()
+        while True:
+            before = time.perf_counter()
+            batch = batches.next()
+            waited += time.perf_counter() - before
+            samples += batch_samples(batch, self._recipe.batch_size)
+            count += 1
+            if loop and target is not None:
+                if move:  # pinned host memory: the copy overlaps the previous step's GPU work
+                    batch = to_device(batch, target.device, non_blocking=True)
+                ready = done = None
+                if cuda:
+                    ready = self._torch.cuda.Event(enable_timing=True)
+                    ready.record()
+                target.run(batch)
+                if cuda:
+                    done = self._torch.cuda.Event(enable_timing=True)
+                    done.record()
+                    events.append((ready, done))
+            del batch
+            if count >= MIN_BATCHES and time.perf_counter() - start >= seconds:
+                break
+        if loop:
+            self._clock.synchronize()
+        elapsed = time.perf_counter() - start
+        idle, gpu = _gpu_idle(events)
+        return samples, count, elapsed, waited, idle, gpu
+
+    def step_alone(self, batch: Any, *, windows: int, window_seconds: float) -> StepAlone:
+        """The step on one batch already on its device, repeated: what a loader that costs nothing would give."""
+        target = self._target
+        assert target is not None
+        cached = [to_device(batch, target.device)]  # a list, so the finally below can drop the only reference
+        samples = batch_samples(cached[0], self._recipe.batch_size)
+        rates: list[float] = []
+        per_step: list[float] = []
+        try:
+            wall, _ = self._clock.time(lambda: _repeat(target, cached[0], 1))  # first-call costs apart
+            steps = max(MIN_STEPS, int(window_seconds / max(wall, 1e-6)))
+            for _ in range(windows):
+                wall, _ = self._clock.time(lambda count=steps: _repeat(target, cached[0], count))
+                rates.append(samples * steps / wall)
+                per_step.append(wall / steps)
+                steps = max(MIN_STEPS, int(window_seconds / max(wall / steps, 1e-6)))
+        finally:
+            cached.clear()
+            self._restore()
+        return StepAlone(rates=rates, step_seconds=sorted(per_step)[len(per_step) // 2], device=str(target.device))
+
+    def sample_batch(self, settings: LoaderSettings) -> Any:
+        """One batch from a fresh loader with the given settings (for the step-alone measurement)."""
+        batches = _Batches(self._recipe.build(settings))
+        try:
+            return batches.first()
+        finally:
+            batches.close()
+
+
+def _repeat(target: StepTarget, batch: Any, count: int) -> None:
+    for _ in range(count):
+        target.run(batch)
+
+
+def _gpu_idle(events: list[tuple[Any, Any]]) -> tuple[float | None, float | None]:
+    """GPU seconds idle between one step's end and the next step's start, and the GPU seconds spanned."""
+    if len(events) < 2:
+        return None, None
+    idle = sum(max(0.0, done.elapsed_time(ready)) for (_, done), (ready, _) in itertools.pairwise(events))
+    span = events[0][0].elapsed_time(events[-1][1])
+    return idle / 1000.0, span / 1000.0
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].startswith("Caught ") and len(lines) > 1:
+        # torch re-raises a worker's error as "Caught X in DataLoader worker process N." with the worker's
+        # traceback below it: the last line is the user's actual error.
+        return f"{lines[0]} {lines[-1]}"
+    return f"{type(exc).__name__}: {lines[0]}"

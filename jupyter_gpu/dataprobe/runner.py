@@ -1,0 +1,405 @@
+"""Run `%dataprobe`: pitfalls first, then the three measurements, the sweep, the re-measurement of the two best,
+the recommendation and its check, all within the time budget and with the user's state put back.
+
+Order matters for safety: one batch is loaded in the kernel's own process (num_workers=0) before any worker
+starts, so the pitfalls can be judged on its real size, and a setting whose workers cannot start (a notebook
+class under spawn, CUDA under fork, a small /dev/shm) is named and skipped instead of failing in a worker.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
+from jupyter_gpu.batchprobe.ticker import Ticker
+from jupyter_gpu.dataprobe import decide
+from jupyter_gpu.dataprobe.loaders import LoaderError, SamplerStates, batch_bytes, recipe_of, usable_cpus
+from jupyter_gpu.dataprobe.measure import StepFailed, StepTarget, TrialRunner
+from jupyter_gpu.dataprobe.pitfalls import Pitfalls, check_pitfalls
+from jupyter_gpu.dataprobe.result import (
+    CURRENT,
+    LOADER,
+    LOOP,
+    RECHECK,
+    SWEEP,
+    VERIFY,
+    DataProbeResult,
+    StepAlone,
+    Trial,
+)
+from jupyter_gpu.dataprobe.settings import LoaderSettings
+from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.units import format_bytes, format_seconds
+
+DEFAULT_SECONDS = 60.0
+BASELINE_WINDOWS = 3
+SWEEP_WINDOWS = 2
+RECHECK_WINDOWS = 3
+MIN_WINDOW_SECONDS = 0.05
+MAX_WINDOW_SECONDS = 2.0
+FIRST_OVERHEAD_GUESS = 0.2  # seconds a trial spends outside its windows (start-up, shutdown) before any is seen
+# Share of the budget the windows plan for; start-up, draining and shutdown take the rest.
+PLANNED_SHARE = 0.8
+# When the run is this far into its budget, the next phase is left out (and the result says so).
+SKIP_SECOND_STAGE_AFTER = 0.75
+SKIP_RECHECK_AFTER = 0.95
+SKIP_VERIFY_AFTER = 1.15
+
+Progress = Callable[[str], None]
+
+
+class DataProbeError(RuntimeError):
+    """The probe cannot run; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class DataProbeRequest:
+    workers: tuple[int, ...] | None = None  # worker counts to try; None: 0, 1, 2, 4, ... up to the usable CPUs
+    seconds: float = DEFAULT_SECONDS
+    # A fixed length for every timed window (benchmarks compare sweeps at equal precision); None: the windows
+    # share the budget.
+    window_seconds: float | None = None
+
+
+def probe_loader(loader: Any, step: Callable[[Any], Any] | None = None, *, workers: Sequence[int] | None = None,
+                 seconds: float = DEFAULT_SECONDS, namespace: dict[str, Any] | None = None,
+                 progress: Progress | None = None) -> DataProbeResult:
+    """Measure `loader` (and `step(batch)`, one training step on a batch as the loader yields it) and the
+    DataLoader settings that feed the step fastest; the loader is never iterated and the state is put back.
+
+    `namespace` is where the model and optimizer live (a script's `globals()`); the step's own globals, closure
+    and bound object are searched as well. Ctrl-C stops the probe after putting everything back.
+    """
+    request = DataProbeRequest(tuple(workers) if workers is not None else None, seconds)
+    result = run_dataprobe(loader, step, request, namespace=namespace, progress=progress)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataProbeRequest | None = None, *,
+                  loader_name: str = "loader", step_name: str | None = None,
+                  namespace: dict[str, Any] | None = None, progress: Progress | None = None,
+                  context: Any = None) -> DataProbeResult:
+    """`probe_loader` for the magic: on Ctrl-C what was measured comes back with `interrupted=True`."""
+    try:
+        import torch
+    except ImportError:
+        raise DataProbeError("%dataprobe needs PyTorch, and torch is not installed in this kernel.") from None
+    request = request or DataProbeRequest()
+    if request.seconds <= 0:
+        raise DataProbeError(f"the time budget must be positive, not {request.seconds:g} s")
+    try:
+        recipe = recipe_of(loader)
+    except LoaderError as exc:
+        raise DataProbeError(f"`{loader_name}` cannot be probed: {exc}.") from None
+    if step is not None and not callable(step):
+        raise DataProbeError(f"the step is a {type(step).__name__}, not a function step(batch).")
+    objects = find_training_objects(namespace or {}, step) if step is not None else TrainingObjects([], [], [], [])
+    snapshot = StateSnapshot.take(objects)
+    samplers = SamplerStates.take(loader)
+
+    def restore() -> None:
+        snapshot.restore()
+        samplers.restore()
+
+    target = None
+    if step is not None:
+        device = _device_of(torch, objects)
+        target = StepTarget(step, device, device.type == "cuda")
+    probe = _Probe(torch, recipe, target, restore, request, progress or _silent, loader, loader_name, context)
+    memory_before = _cuda_allocated(torch)
+    try:
+        probe.run()
+    finally:
+        probe.ticker.stop()
+        restore()
+        (progress or _silent)("")
+        gc.collect()  # the fresh loaders and their batches go now, not at some later collection
+    memory_after = _cuda_allocated(torch)
+    if memory_before is not None and memory_after is not None and memory_after > memory_before:
+        probe.notes.append(f"CUDA memory in use is {format_bytes(memory_after - memory_before)} above where it was "
+                           "before the probe: something the step created is still referenced.")
+    restored = [*objects.names(), "RNG", "sampler"]
+    return probe.result(loader_name, step_name if step is not None else None, restored)
+
+
+def _cuda_allocated(torch: Any) -> int | None:
+    """Bytes the CUDA allocator has handed out on every device, read only where the kernel started CUDA."""
+    if not cuda_initialized(torch):
+        return None
+    return sum(int(torch.cuda.memory_allocated(index)) for index in range(torch.cuda.device_count()))
+
+
+def _device_of(torch: Any, objects: TrainingObjects) -> Any:
+    for module in objects.modules:
+        for parameter in module.parameters():
+            return parameter.device
+    return torch.device("cpu")
+
+
+def _silent(_: str) -> None:
+    return None
+
+
+class _Probe:
+    """The phases of one probe and what they measured."""
+
+    def __init__(self, torch: Any, recipe: Any, target: StepTarget | None, restore: Callable[[], None],
+                 request: DataProbeRequest, progress: Progress, loader: Any, loader_name: str,
+                 context: Any) -> None:
+        self.recipe = recipe
+        self.target = target
+        self.request = request
+        self.progress = progress
+        self.loader = loader
+        self.loader_name = loader_name
+        self.context = context
+        self.runner = TrialRunner(torch, recipe, target, restore)
+        self.ticker = Ticker(lambda text: progress(text + self._clock()))
+        self.started = time.perf_counter()
+        self.cpus = usable_cpus()
+        self.mode = LOOP if target is not None else LOADER
+        self.gpu = target is not None and target.cuda
+        self.trials: list[Trial] = []
+        self.loader_alone: Trial | None = None
+        self.step_alone: StepAlone | None = None
+        self.together: Trial | None = None
+        self.pitfalls: Pitfalls | None = None
+        self.skipped: list[str] = []
+        self.notes: list[str] = []
+        self.interrupted = False
+        self.recommendation: tuple[LoaderSettings, float, float] | None = None
+        self.verified: float | None = None
+        self.current = recipe.current
+        self.windows_left = 0
+        self.measured_batch_bytes: int | None = None
+        self.baseline_settings = recipe.current
+
+    # -- budget ----------------------------------------------------------------------------------------------
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def _window_seconds(self, trials_left: int) -> float:
+        """Share what is left of the budget among the windows still planned, after each trial's overhead."""
+        if self.request.window_seconds is not None:
+            return self.request.window_seconds
+        done = [trial for trial in self.trials if trial.rates]
+        overhead = FIRST_OVERHEAD_GUESS
+        if done:
+            overhead = sum(trial.seconds - trial.timed_seconds for trial in done) / len(done)
+        left = self.request.seconds * PLANNED_SHARE - self.elapsed - overhead * trials_left
+        share = left / max(1, self.windows_left)
+        return min(MAX_WINDOW_SECONDS, max(MIN_WINDOW_SECONDS, share))
+
+    # -- phases ----------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except KeyboardInterrupt:
+            self.interrupted = True
+        except StepFailed as exc:
+            raise DataProbeError(f"the step raised {exc} (everything it changed was put back); make "
+                                 "step(batch) run on one batch from the loader, then probe again.") from None
+
+    def _run(self) -> None:
+        self.progress(f"dataprobe: loading one batch in the kernel's process (no workers yet){self._clock()}")
+        main_process = LoaderSettings(0, pin_memory=False)
+        try:
+            sample = self.runner.sample_batch(main_process)
+        except Exception as exc:
+            raise DataProbeError(f"`{self.loader_name}` fails to load a batch in the kernel's own process: "
+                                 f"{type(exc).__name__}: {exc}") from None
+        counts = self.request.workers or tuple(decide.worker_counts(self.cpus, self.current.num_workers))
+        over = [count for count in counts if count > self.cpus]
+        if over:
+            self.notes.append(f"{', '.join(map(str, over))} workers is more than the {self.cpus} CPUs this process "
+                              "may use: they compete with the training step for the same cores.")
+        first = decide.first_stage(counts, pin_memory=self.gpu)
+        planned = [*first, self.current,
+                   *decide.second_stage([max(first, key=lambda s: s.num_workers)], gpu=self.gpu)]
+        self.measured_batch_bytes = batch_bytes(sample)
+        self.pitfalls = check_pitfalls(self.loader, self.loader_name, planned, ctx=self.context,
+                                       batch_bytes=self.measured_batch_bytes)
+        current = self._runnable(self.current, self.measured_batch_bytes)
+        if current is None:
+            self.notes.append(f"Your setting ({self.current.label()}) cannot start its workers (see the pitfalls "
+                              "above): the current figures are for num_workers=0.")
+            current = LoaderSettings(0, pin_memory=self.current.pin_memory)
+        self.baseline_settings = current
+        self.windows_left = (BASELINE_WINDOWS * (3 if self.target else 1) + SWEEP_WINDOWS * 2 * len(first)
+                             + RECHECK_WINDOWS * 3)
+        self.loader_alone = self._trial(current, CURRENT, LOADER, BASELINE_WINDOWS, "loader alone at your settings")
+        if self.loader_alone.error is not None:
+            raise DataProbeError(f"`{self.loader_name}` fails at its own settings ({current.label()}): "
+                                 f"{self.loader_alone.error}")
+        if self.target is not None:
+            self.progress(f"dataprobe: the step alone on one cached batch{self._clock()}")
+            self.ticker.resume("dataprobe: the step alone on one cached batch")
+            self.step_alone = self.runner.step_alone(sample, windows=BASELINE_WINDOWS,
+                                                     window_seconds=self._window_seconds(1))
+            self.ticker.pause()
+            self.windows_left -= BASELINE_WINDOWS
+            del sample
+            self.together = self._trial(current, CURRENT, LOOP, BASELINE_WINDOWS, "loader and step together")
+            if self.together.error is not None:
+                raise DataProbeError(f"`{self.loader_name}` fails in the loop at its own settings: "
+                                     f"{self.together.error}")
+            if self._verdict() == "compute-bound":
+                self.notes.append("The step is the bottleneck, not the loader: the sweep was not run. Time the "
+                                  "step with %%gputime to see where its time goes.")
+                return
+        else:
+            del sample
+        self._sweep(first)
+
+    def _sweep(self, first: list[LoaderSettings]) -> None:
+        ceiling = self.step_alone.samples_per_second if self.step_alone is not None else None
+        measured: list[tuple[int, float]] = []
+        for index, settings in enumerate(first):
+            trial = self._current_trial() if settings == self.baseline_settings else None
+            if trial is None:
+                trial = self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
+            if trial is not None and trial.samples_per_second is not None:
+                measured.append((settings.num_workers, trial.samples_per_second))
+            reason = decide.stop_adding_workers(measured, ceiling)
+            if reason is not None and index + 1 < len(first):
+                counts = ", ".join(str(later.num_workers) for later in first[index + 1:])
+                self.skipped.append(f"{counts} workers: not tried, {reason}")
+                self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * (len(first) - index - 1))
+                break
+        best = decide.ranking(self._mode_trials())
+        if best and decide.at_ceiling(best[0][1], ceiling):
+            self.skipped.append("deeper prefetch, non-persistent workers and pinning: not tried, the loop already "
+                                "runs at the step's own speed")
+        elif self.elapsed > SKIP_SECOND_STAGE_AFTER * self.request.seconds:
+            self.skipped.append("deeper prefetch, non-persistent workers and pinning were not tried: the time "
+                                "budget was mostly spent (raise --seconds)")
+        else:
+            second = decide.second_stage(decide.leaders(self._mode_trials()), gpu=self.gpu)
+            self.windows_left += SWEEP_WINDOWS * len(second)
+            for settings in second:
+                self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
+        leaders = decide.leaders(self._mode_trials())
+        if self.elapsed > SKIP_RECHECK_AFTER * self.request.seconds:
+            self.notes.append("The two best settings were not measured again: the time budget ran out "
+                              "(raise --seconds); the recommendation rests on the sweep alone.")
+        else:
+            for settings in leaders:
+                self._maybe_trial(settings, RECHECK, RECHECK_WINDOWS)
+        self._note_cpu_step()
+        rechecked = [trial for trial in self._mode_trials() if trial.settings in leaders]
+        choice = decide.recommend(rechecked)
+        ranked = decide.ranking(self._mode_trials())
+        if choice is None or not ranked:
+            self.notes.append("No setting could be measured: nothing to recommend.")
+            return
+        self.recommendation = (choice[0], choice[1], ranked[0][1])
+        if self.elapsed > SKIP_VERIFY_AFTER * self.request.seconds:
+            self.notes.append("The recommendation was not checked by running it again: the time budget ran out.")
+            return
+        check = self._trial(choice[0], VERIFY, self.mode, RECHECK_WINDOWS, "checking the recommendation")
+        self.verified = check.samples_per_second
+
+    def _current_trial(self) -> Trial | None:
+        """The baseline trial of the user's setting in the sweep's mode: it is that setting's sweep measurement."""
+        return self.together if self.target is not None else self.loader_alone
+
+    def _note_cpu_step(self) -> None:
+        """A step on the CPU shares the cores with the workers: say so when workers did not pay off."""
+        if self.target is None or self.target.device.type != "cpu":
+            return
+        ranked = decide.ranking(self._mode_trials())
+        if ranked and ranked[0][0].num_workers <= 1:
+            self.notes.append(f"The step runs on the CPU, so loader workers take cores from it ({self.cpus} usable "
+                              "here): with the step on a GPU they would not compete, and more workers may pay off.")
+
+    def _maybe_trial(self, settings: LoaderSettings, stage: str, windows: int) -> Trial | None:
+        runnable = self._runnable(settings, self.measured_batch_bytes)
+        if runnable is None:
+            self.windows_left -= windows
+            return None
+        return self._trial(settings, stage, self.mode, windows, stage)
+
+    def _runnable(self, settings: LoaderSettings, measured_bytes: int | None) -> LoaderSettings | None:
+        """The setting, or None (and why, in `skipped`) when its workers cannot start here."""
+        pitfalls = self.pitfalls
+        if pitfalls is None or settings.num_workers == 0:
+            return settings
+        if pitfalls.workers_blocked is not None:
+            self._skip(f"{settings.label()}: {pitfalls.workers_blocked}")
+            return None
+        if not pitfalls.fits_shm(settings, measured_bytes):
+            self._skip(f"{settings.label()}: its batches in flight do not fit /dev/shm (a worker would die with "
+                       "a bus error)")
+            return None
+        return settings
+
+    def _skip(self, text: str) -> None:
+        if text not in self.skipped:
+            self.skipped.append(text)
+
+    def _trial(self, settings: LoaderSettings, stage: str, mode: str, windows: int, what: str) -> Trial:
+        index = len(self.trials) + 1
+        text = f"dataprobe: {what} · {settings.label()} · trial {index}"
+        self.progress(text + self._clock())
+        self.ticker.resume(text)
+        try:
+            trial = self.runner.trial(settings, stage=stage, mode=mode, windows=windows,
+                                      window_seconds=self._window_seconds(1))
+        finally:
+            self.ticker.pause()
+        self.windows_left = max(0, self.windows_left - windows)
+        self.trials.append(trial)
+        return trial
+
+    def _clock(self) -> str:
+        return f" · {format_seconds(self.elapsed)} of {format_seconds(self.request.seconds)}"
+
+    def _mode_trials(self) -> list[Trial]:
+        return [trial for trial in self.trials if trial.mode == self.mode]
+
+    # -- result ----------------------------------------------------------------------------------------------
+
+    def _verdict(self) -> str | None:
+        fraction = self._wait_fraction()
+        return decide.verdict(fraction) if fraction is not None else None
+
+    def _wait_fraction(self) -> float | None:
+        together = self.together
+        if together is None:
+            return None
+        # On CUDA the GPU's own idle time is the stall; the host can wait while the GPU still has queued work.
+        if together.gpu_idle_fraction is not None:
+            return together.gpu_idle_fraction
+        return together.wait_fraction
+
+    def result(self, loader_name: str, step_name: str | None, restored: list[str]) -> DataProbeResult:
+        current_trial = self.together if self.target is not None else self.loader_alone
+        current_rate = current_trial.samples_per_second if current_trial is not None else None
+        settings = rate = best = None
+        if self.recommendation is not None:
+            settings, rate, best = self.recommendation
+        speedup = self.verified / current_rate if self.verified and current_rate else None
+        step_rate = self.step_alone.samples_per_second if self.step_alone is not None else None
+        together_rate = self.together.samples_per_second if self.together is not None else None
+        return DataProbeResult(
+            loader_name=loader_name, step_name=step_name,
+            device=str(self.target.device) if self.target is not None else "cpu",
+            current=self.current, batch_size=self.recipe.batch_size, dataset_len=self.recipe.dataset_len,
+            cpus=self.cpus, loader_alone=self.loader_alone, step_alone=self.step_alone, together=self.together,
+            verdict=self._verdict(), wait_fraction=self._wait_fraction(),
+            perfect_loader_speedup=decide.perfect_loader_speedup(step_rate, together_rate),
+            trials=list(self.trials), recommended=settings.kwargs() if settings is not None else None,
+            recommended_settings=settings, predicted=rate, verified=self.verified, best=best, speedup=speedup,
+            pitfalls=list(self.pitfalls.findings) if self.pitfalls is not None else [],
+            skipped=list(self.skipped), notes=list(self.notes), restored=restored,
+            budget_seconds=self.request.seconds, seconds=self.elapsed, interrupted=self.interrupted)
+

@@ -1,0 +1,272 @@
+"""`probe_loader` / `run_dataprobe` on real DataLoaders and real steps on the CPU, with known costs.
+
+The fixtures sleep (tests/fixtures/sleepy_data.py): a sleep holds no CPU, so workers overlap for real even on two
+cores, and the ratio of loading to compute is a number each test chooses. Budgets are a few seconds.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sleepy_data import SleepyDataset, loader_for_ratio, sleepy_loader, sleepy_step
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from jupyter_gpu.dataprobe.result import CURRENT, LOOP, RECHECK, SWEEP, VERIFY
+from jupyter_gpu.dataprobe.runner import DataProbeError, DataProbeRequest, probe_loader, run_dataprobe
+
+STEP_SECONDS = 0.02
+
+
+def probe(loader, step=None, *, workers=None, seconds=4.0, **kwargs):
+    return run_dataprobe(loader, step, DataProbeRequest(workers, seconds), loader_name="loader",
+                         step_name="step" if step is not None else None, **kwargs)
+
+
+def child_pids() -> set[int]:
+    """This process's live children, from /proc (multiprocessing forgets workers it did not start itself)."""
+    found = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        children = (task / "children").read_text().split()
+        found.update(int(pid) for pid in children)
+    return found
+
+
+def unchanged(now: dict, before: dict) -> bool:
+    return now.keys() == before.keys() and all(torch.equal(now[key], before[key]) for key in now)
+
+
+def live_tensors() -> dict[int, torch.Tensor]:
+    # type(), not isinstance(): isinstance reads __class__, and torch's deprecated module aliases warn on that.
+    return {id(obj): obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)}
+
+
+# -- the verdict on known ratios --------------------------------------------------------------------------------
+
+# (load/compute ratio, the loader's workers, the verdict). Without workers the loop is serial, so the share of it
+# spent waiting is r/(1+r); one worker overlaps loading with the step, so the wait is max(0, 1 - 1/r).
+KNOWN_RATIOS = [
+    (0.2, 0, "balanced"),        # waits 17% of the loop
+    (1.0, 0, "input-bound"),     # 50%
+    (5.0, 0, "input-bound"),     # 83%
+    (0.2, 1, "compute-bound"),   # 0%: the worker keeps ahead
+    (0.5, 1, "compute-bound"),   # 0%
+    (2.0, 1, "input-bound"),     # 50%
+    (5.0, 1, "input-bound"),     # 80%
+]
+
+
+@pytest.mark.parametrize(("ratio", "workers", "expected"), KNOWN_RATIOS)
+def test_the_verdict_is_right_on_every_known_ratio(ratio, workers, expected):
+    loader = loader_for_ratio(ratio, step_seconds=STEP_SECONDS, num_workers=workers, persistent_workers=workers > 0)
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(workers,), seconds=3.0)
+    assert result.verdict == expected, (ratio, workers, result.wait_fraction)
+    step_rate = 8 / STEP_SECONDS
+    assert result.step_alone.samples_per_second == pytest.approx(step_rate, rel=0.25)
+    assert len(result.step_alone.rates) >= 2 and len(result.together.rates) >= 2  # each with its spread
+    assert result.perfect_loader_speedup >= 1.0
+
+
+def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
+    loader = loader_for_ratio(2.0, step_seconds=STEP_SECONDS)  # one batch takes two steps to load
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2), seconds=8.0)
+    assert result.verdict == "input-bound"
+    assert result.recommended_settings.num_workers == 2
+    assert result.recommended["num_workers"] == 2
+    assert "num_workers=2" in result.code()
+    # Two workers load two batches per four steps' time: the loop runs at the step's speed, about 3x serial.
+    assert result.speedup > 2.0
+    assert result.predicted >= 0.9 * result.best  # within 10% of the best the sweep saw
+    assert result.verified == pytest.approx(result.predicted, rel=0.25)
+    stages = [trial.stage for trial in result.trials]
+    assert stages[:2] == [CURRENT, CURRENT] and stages[-1] == VERIFY
+    assert stages.count(RECHECK) == 2  # the two best measured again
+    swept = [trial for trial in result.trials if trial.stage in (SWEEP, RECHECK)]
+    assert all(len(trial.rates) >= 2 for trial in swept)  # every setting measured more than once
+    assert {trial.settings.num_workers for trial in result.trials} == {0, 1, 2}
+    assert {trial.settings.prefetch_factor for trial in swept if trial.settings.num_workers} >= {2, 4}
+    assert {trial.settings.persistent_workers for trial in swept if trial.settings.num_workers} == {True, False}
+    assert all(trial.mode == LOOP for trial in result.trials[1:])
+    assert not any(trial.settings.pin_memory for trial in result.trials)  # pinning is for a GPU step
+
+
+def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
+    loader = loader_for_ratio(0.2, step_seconds=STEP_SECONDS, num_workers=1, persistent_workers=True)
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2), seconds=4.0)
+    assert result.verdict == "compute-bound"
+    assert [trial.stage for trial in result.trials] == [CURRENT, CURRENT]
+    assert any("%%gputime" in note for note in result.notes)
+
+
+def test_without_a_step_the_loader_alone_is_swept():
+    loader = sleepy_loader(item_seconds=0.002)
+    result = probe(loader, workers=(0, 2), seconds=4.0)
+    assert result.verdict is None and result.step_alone is None and result.together is None
+    assert result.recommended_settings.num_workers == 2  # sleeps overlap: two workers load twice as fast
+    assert result.loader_alone.first_batch_seconds is not None
+    assert result.speedup > 1.5
+
+
+def test_the_time_budget_is_kept():
+    import time
+
+    loader = loader_for_ratio(2.0, step_seconds=STEP_SECONDS)
+    started = time.perf_counter()
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2, 3, 4), seconds=3.0)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3.0 * 1.6, elapsed
+    assert result.seconds <= elapsed
+
+
+# -- nothing lost ------------------------------------------------------------------------------------------------
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_model_optimizer_rngs_sampler_and_loader_come_back_exactly_and_no_worker_is_left():
+    torch.manual_seed(0)
+    model = Mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(7)
+    dataset = TensorDataset(torch.randn(512, 8), torch.randint(0, 10, (512,)))
+    loader = DataLoader(dataset, batch_size=16, shuffle=True, generator=generator, num_workers=1,
+                        persistent_workers=True)
+
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(next(iter(DataLoader(dataset, batch_size=16))))  # Adam has state to put back
+    before_params = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    before_grads = {name: param.grad.clone() for name, param in model.named_parameters()}
+    before_opt = {key: value.clone() for key, value in opt.state[next(model.parameters())].items()}
+    random.seed(3)
+    np.random.seed(4)
+    states = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy(), generator.get_state())
+    children = child_pids()
+    gc.collect()
+    tensors_before = live_tensors()
+
+    result = probe(loader, step, workers=(0, 1), seconds=4.0, namespace={"model": model, "opt": opt})
+
+    assert result.trials and result.recommended is not None
+    assert unchanged(model.state_dict(), before_params)  # a function: no loop variable keeps a tensor alive
+    assert unchanged(opt.state[next(model.parameters())], before_opt)
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert random.getstate() == states[1]
+    assert (np.random.get_state()[1] == states[2]).all()
+    assert torch.equal(generator.get_state(), states[3])
+    assert loader._iterator is None  # the user's loader was never iterated: its persistent workers never started
+    assert child_pids() == children  # every worker the probe started has exited
+    gc.collect()
+    # Batches, cached copies and snapshots are gone. Gradients the step freed (zero_grad) come back as new
+    # objects with the same bytes (batchprobe's restore): nothing else may be new.
+    grads = {id(param.grad) for param in model.parameters()}
+    new = [tensor for key, tensor in live_tensors().items() if key not in tensors_before and key not in grads]
+    assert not new, [tensor.shape for tensor in new]
+    assert unchanged({name: param.grad for name, param in model.named_parameters()}, before_grads)
+    assert {"model", "opt", "RNG", "sampler"} <= set(result.restored)
+
+
+def test_ctrl_c_keeps_what_was_measured_shuts_workers_down_and_puts_the_state_back():
+    model = nn.Linear(8, 2)
+    weights = model.weight.detach().clone()
+    calls = {"n": 0}
+
+    def step(batch):
+        calls["n"] += 1
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        if calls["n"] == 200:
+            raise KeyboardInterrupt
+        import time
+
+        time.sleep(0.005)
+
+    children = child_pids()
+    loader = sleepy_loader(item_seconds=0.001, num_workers=1)
+    result = probe(loader, step, workers=(0, 1, 2), seconds=30.0, namespace={"model": model})
+    assert result.interrupted
+    assert result.trials  # what was measured before Ctrl-C
+    assert torch.equal(model.weight, weights)
+    assert child_pids() == children
+    with pytest.raises(KeyboardInterrupt):
+        calls["n"] = 0
+        probe_loader(loader, step, workers=(0, 1), seconds=30.0, namespace={"model": model})
+    assert child_pids() == children
+
+
+# -- bad input ---------------------------------------------------------------------------------------------------
+
+
+def test_not_a_dataloader_is_one_sentence():
+    expected = "`loader` cannot be probed: it is a list, not a torch.utils.data.DataLoader"
+    with pytest.raises(DataProbeError, match=re.escape(expected)):
+        probe([1, 2, 3])
+
+
+def test_an_empty_dataset_is_one_sentence():
+    with pytest.raises(DataProbeError, match="dataset is empty"):
+        probe(DataLoader(TensorDataset(torch.zeros(0, 3)), batch_size=4))
+
+
+def test_drop_last_with_fewer_samples_than_a_batch_is_one_sentence():
+    with pytest.raises(DataProbeError, match="fails to load a batch"):
+        probe(DataLoader(TensorDataset(torch.zeros(3, 3)), batch_size=4, drop_last=True))
+
+
+def test_a_step_that_raises_is_one_sentence_and_loses_nothing():
+    model = nn.Linear(8, 2)
+    weights = model.weight.detach().clone()
+
+    def step(batch):
+        with torch.no_grad():
+            model.weight.mul_(2)
+        raise ValueError("shapes do not match")
+
+    children = child_pids()
+    with pytest.raises(DataProbeError, match="the step raised ValueError: shapes do not match"):
+        probe(sleepy_loader(), step, namespace={"model": model})
+    assert torch.equal(model.weight, weights)
+    assert child_pids() == children
+
+
+def test_a_setting_whose_workers_fail_is_reported_and_the_others_still_measured():
+    class FailsInWorkers(SleepyDataset):
+        def __getitem__(self, index):
+            if torch.utils.data.get_worker_info() is not None:
+                raise OSError("the data share is not mounted in workers")
+            return super().__getitem__(index)
+
+    loader = DataLoader(FailsInWorkers(512, 0.0005), batch_size=8)
+    result = probe(loader, workers=(0, 1), seconds=3.0)
+    failed = [trial for trial in result.trials if trial.error]
+    assert failed and all(trial.settings.num_workers == 1 for trial in failed)
+    assert "the data share is not mounted in workers" in failed[0].error
+    assert result.recommended_settings.num_workers == 0
+
+
+def test_worker_memory_is_measured_for_worker_settings():
+    result = probe(sleepy_loader(item_seconds=0.0005), workers=(0, 1), seconds=3.0)
+    with_workers = [trial for trial in result.trials if trial.settings.num_workers and not trial.error]
+    assert with_workers and all(trial.worker_memory is not None for trial in with_workers)
+    assert all(trial.worker_memory.rss_bytes > 10 * 2**20 for trial in with_workers)  # a Python with torch
+    assert all(trial.worker_memory is None for trial in result.trials if trial.settings.num_workers == 0)

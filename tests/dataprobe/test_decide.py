@@ -1,0 +1,154 @@
+"""`%dataprobe`'s decisions on measured numbers: the verdict, which settings the sweep tries, and which one it
+recommends (within 10% of the best it saw, the cheaper of two close ones)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from jupyter_gpu.dataprobe import decide
+from jupyter_gpu.dataprobe.result import CURRENT, LOOP, RECHECK, SWEEP, Trial
+from jupyter_gpu.dataprobe.settings import LoaderSettings
+
+
+def trial(settings: LoaderSettings, rates: list[float], stage: str = SWEEP, error: str | None = None) -> Trial:
+    return Trial(settings=settings, stage=stage, mode=LOOP, rates=rates, first_batch_seconds=0.1, error=error)
+
+
+def workers(count: int, prefetch: int = 2, persistent: bool = True, pin: bool = False) -> LoaderSettings:
+    return LoaderSettings(count, prefetch, persistent_workers=persistent, pin_memory=pin)
+
+
+# -- the verdict --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("wait", "expected"), [
+    (0.0, "compute-bound"), (0.0999, "compute-bound"), (0.10, "balanced"), (0.2999, "balanced"),
+    (0.30, "input-bound"), (0.78, "input-bound"), (1.0, "input-bound"),
+])
+def test_verdict_thresholds(wait: float, expected: str) -> None:
+    assert decide.verdict(wait) == expected
+
+
+def test_the_thresholds_mean_what_their_comment_says() -> None:
+    # Waiting 10% of the loop caps a perfect loader's gain at 1.11x; waiting 30% means at least 1.43x.
+    assert pytest.approx(1.11, abs=0.005) == 1 / (1 - decide.COMPUTE_BOUND_BELOW)
+    assert pytest.approx(1.43, abs=0.005) == 1 / (1 - decide.INPUT_BOUND_ABOVE)
+
+
+@pytest.mark.parametrize(("step_alone", "together", "expected"), [
+    (3200.0, 619.0, 3200 / 619), (1000.0, 400.0, 2.5), (1000.0, 1000.0, 1.0),
+    (900.0, 950.0, 1.0),  # the loop measured faster than its own step: noise, not a gain below 1
+    (None, 500.0, None), (1000.0, None, None), (0.0, 500.0, None), (1000.0, 0.0, None),
+])
+def test_perfect_loader_speedup(step_alone: float | None, together: float | None, expected: float | None) -> None:
+    assert decide.perfect_loader_speedup(step_alone, together) == (
+        pytest.approx(expected) if expected is not None else None)
+
+
+# -- what the sweep tries -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("cpus", "current", "expected"), [
+    (2, 0, [0, 1, 2]), (16, 0, [0, 1, 2, 4, 8, 16]), (16, 3, [0, 1, 2, 3, 4, 8, 16]), (6, 0, [0, 1, 2, 4, 6]),
+    (1, 0, [0, 1]), (2, 8, [0, 1, 2, 8]),  # the user's own count is measured even above the CPUs
+])
+def test_worker_counts(cpus: int, current: int, expected: list[int]) -> None:
+    assert decide.worker_counts(cpus, current) == expected
+
+
+def test_first_stage_uses_torchs_default_prefetch_persistent_workers_and_pins_only_for_a_gpu() -> None:
+    cpu = decide.first_stage([2, 0, 1, 1], pin_memory=False)
+    assert cpu == [LoaderSettings(0), workers(1), workers(2)]
+    assert all(s.pin_memory for s in decide.first_stage([0, 1], pin_memory=True))
+
+
+def test_second_stage_on_the_cpu_tries_a_deeper_queue_and_restarting_workers() -> None:
+    assert decide.second_stage([workers(2)], gpu=False) == [workers(2, prefetch=4), workers(2, persistent=False)]
+
+
+def test_second_stage_on_a_gpu_also_toggles_pinning() -> None:
+    lead = workers(4, pin=True)
+    assert decide.second_stage([lead], gpu=True) == [workers(4, 4, True, True), workers(4, 2, False, True),
+                                                     workers(4, 2, True, False)]
+
+
+def test_second_stage_around_the_main_process_only_toggles_pinning_on_a_gpu() -> None:
+    assert decide.second_stage([LoaderSettings(0)], gpu=False) == []
+    assert decide.second_stage([LoaderSettings(0)], gpu=True) == [LoaderSettings(0, pin_memory=True)]
+
+
+def test_second_stage_never_repeats_a_leader_or_a_variant() -> None:
+    # One leader's variant is the other leader: it is measured already.
+    leaders = [workers(2), workers(2, prefetch=4)]
+    found = decide.second_stage(leaders, gpu=False)
+    assert workers(2, prefetch=4) not in found and len(found) == len(set(found))
+    assert found == [workers(2, persistent=False), workers(2, prefetch=4, persistent=False)]
+
+
+# -- the recommendation -------------------------------------------------------------------------------------------
+
+def test_windows_are_pooled_over_every_trial_of_a_setting_and_failed_trials_ignored() -> None:
+    trials = [trial(workers(1), [100.0, 110.0]), trial(workers(1), [120.0], RECHECK),
+              trial(workers(2), [500.0], error="worker exited unexpectedly"), trial(workers(4), [])]
+    assert decide.pooled(trials) == {workers(1): [100.0, 110.0, 120.0]}
+    assert decide.ranking(trials) == [(workers(1), 110.0)]
+
+
+def test_the_best_setting_is_recommended_when_no_cheaper_one_is_close() -> None:
+    trials = [trial(LoaderSettings(0), [600.0, 620.0]), trial(workers(1), [900.0, 940.0]),
+              trial(workers(2), [1000.0, 1010.0])]  # 1 worker is 8% slower: too far
+    assert decide.recommend(trials) == (workers(2), 1005.0, 1005.0)
+
+
+def test_a_cheaper_setting_within_five_percent_of_the_best_is_recommended() -> None:
+    trials = [trial(workers(4), [1000.0]), trial(workers(2), [960.0]), trial(workers(1), [700.0])]
+    assert decide.recommend(trials) == (workers(2), 960.0, 1000.0)
+
+
+def test_the_cheapest_of_several_close_settings_wins() -> None:
+    trials = [trial(workers(8), [1000.0]), trial(workers(4), [990.0]), trial(workers(2, prefetch=4), [970.0]),
+              trial(workers(2), [965.0]), trial(workers(1), [900.0])]
+    assert decide.recommend(trials) == (workers(2), 965.0, 1000.0)
+
+
+def test_ties_go_to_the_cheaper_setting() -> None:
+    trials = [trial(workers(2), [800.0]), trial(workers(1), [800.0])]
+    assert decide.ranking(trials)[0][0] == workers(1)
+    assert decide.recommend(trials)[0] == workers(1)
+
+
+def test_one_lucky_window_does_not_win_over_a_steady_setting() -> None:
+    # The reference's 2-core figures: 2 workers had a 2.4x spread between windows; the median decides.
+    trials = [trial(workers(1), [1650.0, 1732.0, 1760.0]), trial(workers(2), [516.0, 624.0, 1900.0]),
+              trial(workers(1), [1700.0], RECHECK), trial(workers(2), [600.0], RECHECK)]
+    assert decide.recommend(trials)[0] == workers(1)
+
+
+def test_nothing_measured_recommends_nothing() -> None:
+    assert decide.recommend([]) is None
+    assert decide.recommend([trial(workers(1), [], error="boom")]) is None
+
+
+def test_the_choice_is_always_within_ten_percent_of_the_best_and_never_costlier_than_it() -> None:
+    generator = random.Random(16)
+    candidates = [LoaderSettings(0), *decide.first_stage([1, 2, 4, 8], pin_memory=False),
+                  *decide.second_stage([workers(2), workers(4)], gpu=True)]
+    for _ in range(500):
+        chosen = generator.sample(candidates, generator.randint(1, len(candidates)))
+        trials = [trial(s, [generator.uniform(100, 1000) for _ in range(generator.randint(1, 4))], CURRENT)
+                  for s in chosen]
+        settings, rate, best = decide.recommend(trials)
+        ranked = decide.ranking(trials)
+        assert best == ranked[0][1]
+        assert rate >= decide.WITHIN_BEST * best
+        assert rate >= (1 - decide.CHEAPER_WITHIN) * best
+        assert settings == ranked[0][0] or settings.cost < ranked[0][0].cost
+        assert (settings, rate) in ranked
+
+
+@pytest.mark.parametrize(("predicted", "verified", "holds"), [
+    (1000.0, 1000.0, True), (1000.0, 1150.0, True), (1000.0, 850.0, True),
+    (1000.0, 1160.0, False), (1000.0, 840.0, False), (1000.0, 500.0, False),
+])
+def test_prediction_holds_within_fifteen_percent(predicted: float, verified: float, holds: bool) -> None:
+    assert decide.prediction_holds(predicted, verified) is holds
