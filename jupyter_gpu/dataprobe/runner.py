@@ -217,6 +217,9 @@ class _Probe:
         except Exception as exc:
             raise DataProbeError(f"`{self.loader_name}` fails to load a batch in the kernel's own process: "
                                  f"{type(exc).__name__}: {exc}") from None
+        if self.recipe.iterable:
+            self.notes.append("An IterableDataset yields its items once per worker unless it splits them with "
+                              "torch.utils.data.get_worker_info(): samples/s count every batch the workers yielded.")
         counts = self.request.workers or tuple(decide.worker_counts(self.cpus, self.current.num_workers))
         over = [count for count in counts if count > self.cpus]
         if over:

@@ -270,3 +270,14 @@ def test_worker_memory_is_measured_for_worker_settings():
     assert with_workers and all(trial.worker_memory is not None for trial in with_workers)
     assert all(trial.worker_memory.rss_bytes > 10 * 2**20 for trial in with_workers)  # a Python with torch
     assert all(trial.worker_memory is None for trial in result.trials if trial.settings.num_workers == 0)
+
+
+def test_an_iterable_dataset_is_probed_and_its_per_worker_copies_are_named():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for index in range(2048):
+                yield torch.zeros(8), index % 10
+
+    result = probe(DataLoader(Stream(), batch_size=16), workers=(0, 1), seconds=2.0)
+    assert result.dataset_len is None and result.recommended is not None
+    assert any("get_worker_info" in note for note in result.notes)
