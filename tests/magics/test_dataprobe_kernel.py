@@ -1,4 +1,4 @@
-"""Ctrl-C during `%dataprobe` in a real ipykernel: what was measured is shown, the workers are gone, the state is back."""
+"""Ctrl-C during `%dataprobe` in a real ipykernel: what was measured is shown, no worker is left, the state is back."""
 
 from __future__ import annotations
 
