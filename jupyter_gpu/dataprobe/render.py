@@ -80,10 +80,13 @@ def measurement_rows(result: DataProbeResult) -> list[tuple[str, str]]:
 def recommendation_rows(result: DataProbeResult) -> list[tuple[str, str]]:
     """The setting to use, its predicted and verified throughput, what it buys, and the line to paste."""
     rows: list[tuple[str, str]] = []
+    chosen = result.recommended_settings
     if result.verdict == "compute-bound":
         rows.append(("loader tuning", "will not help: the loader already keeps up with the step, so the step is "
                                       "the bottleneck; time it with %%gputime"))
-    chosen = result.recommended_settings
+        if chosen is not None and chosen == result.current:
+            rows.append(("recommended", f"keep your setting ({chosen.label()})"))
+            return rows
     if chosen is None:
         if result.verdict != "compute-bound":
             why = "interrupted before the sweep finished" if result.interrupted else "no setting was measured"

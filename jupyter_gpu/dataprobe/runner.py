@@ -258,6 +258,9 @@ class _Probe:
             if self._verdict() == "compute-bound":
                 self.notes.append("The step is the bottleneck, not the loader: the sweep was not run. Time the "
                                   "step with %%gputime to see where its time goes.")
+                rate = self.together.samples_per_second
+                if rate is not None:  # keep what you have: it is what was measured keeping up
+                    self.recommendation = (current, rate, rate)
                 return
         else:
             del sample

@@ -199,7 +199,7 @@ def test_measurement_rows_give_each_rate_with_its_spread_and_first_batch_apart()
     assert row(rows, "your loader") == ("0 workers (main process); batch size 32; 4,096 samples; 2 CPUs usable; "
                                         "step train_step on cpu")
     assert row(rows, "loader alone") == ("1,968 samples/s median (min–max 1,900–2,000, 3 windows); first batch "
-                                         "310 ms (worker start-up, dataset pickling)")
+                                         "310 ms (one batch in the kernel's process)")  # 0 workers: no start-up
     assert row(rows, "step alone") == ("3,200 samples/s median (min–max 3,100–3,300, 3 windows); 10.0 ms per step on "
                                        "cpu (one cached batch: the ceiling a perfect loader would reach)")
     assert row(rows, "together") == ("619 samples/s median (min–max 600–640, 3 windows); waiting for data 62% of "

@@ -103,6 +103,8 @@ def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
     assert result.verdict == "compute-bound"
     assert [trial.stage for trial in result.trials] == [CURRENT, CURRENT]
     assert any("%%gputime" in note for note in result.notes)
+    assert result.recommended == result.current.kwargs() and result.code() is None  # keep what you have
+    assert "keep your setting" in str(result)
 
 
 def test_without_a_step_the_loader_alone_is_swept():

@@ -82,7 +82,12 @@ def test_second_stage_never_repeats_a_leader_or_a_variant() -> None:
     leaders = [workers(2), workers(2, prefetch=4)]
     found = decide.second_stage(leaders, gpu=False)
     assert workers(2, prefetch=4) not in found and len(found) == len(set(found))
-    assert found == [workers(2, persistent=False), workers(2, prefetch=4, persistent=False)]
+    assert found == [workers(2, persistent=False)]  # restarting workers is tried around the best count only
+
+
+def test_second_stage_tries_restarting_workers_around_the_best_count_only() -> None:
+    found = decide.second_stage([workers(2), workers(1)], gpu=False)
+    assert found == [workers(2, prefetch=4), workers(2, persistent=False), workers(1, prefetch=4)]
 
 
 # -- the recommendation -------------------------------------------------------------------------------------------
