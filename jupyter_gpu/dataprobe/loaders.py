@@ -9,7 +9,9 @@ shared objects, so their state is put back afterwards (`SamplerStates`). torch i
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,17 @@ class LoaderRecipe:
         arguments = dict(self.arguments)
         if settings.num_workers == 0:
             arguments.pop("multiprocessing_context", None)  # DataLoader refuses a start method without workers
-        return DataLoader(**arguments, **settings.kwargs())
+        with quiet_worker_count():
+            return DataLoader(**arguments, **settings.kwargs())
+
+
+@contextmanager
+def quiet_worker_count() -> Iterator[None]:
+    """Silence torch's "This DataLoader will create N worker processes" warning (given when a DataLoader is built
+    and again when iterated): the result says once, for the whole sweep, which counts exceed the usable CPUs."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
 
 
 def recipe_of(loader: Any) -> LoaderRecipe:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from jupyter_gpu.dataprobe.loaders import (
     LoaderRecipe,
     batch_samples,
+    quiet_worker_count,
     shut_down,
     to_device,
     worker_memory,
@@ -55,9 +55,7 @@ class _Batches:
     def next(self) -> Any:
         while True:
             if self._iterator is None:
-                with warnings.catch_warnings():
-                    # torch warns when workers outnumber the usable CPUs; the result says so once, for the sweep.
-                    warnings.filterwarnings("ignore", message="This DataLoader will create")
+                with quiet_worker_count():
                     self._iterator = iter(self._loader)
                 self._yielded = 0
                 self.pids = worker_pids(self._iterator) or self.pids
