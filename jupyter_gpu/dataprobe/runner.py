@@ -210,10 +210,32 @@ class _Probe:
                                  "step(batch) run on one batch from the loader, then probe again.") from None
 
     def _run(self) -> None:
+        sample, first = self._prepare()
+        self.loader_alone = self._trial(self.baseline_settings, CURRENT, LOADER, BASELINE_WINDOWS,
+                                        "loader alone at your settings")
+        if self.loader_alone.error is not None:
+            raise DataProbeError(f"`{self.loader_name}` fails at its own settings ({self.baseline_settings.label()})"
+                                 f": {self.loader_alone.error}")
+        if self.target is not None:
+            self._step_and_loop(sample)
+            del sample
+            if self._verdict() == "compute-bound":
+                self.notes.append("The step is the bottleneck, not the loader: the sweep was not run. Time the "
+                                  "step with %%gputime to see where its time goes.")
+                rate = self.together.samples_per_second if self.together is not None else None
+                if rate is not None:  # keep what you have: it is what was measured keeping up
+                    self.recommendation = (self.baseline_settings, rate, rate)
+                return
+        else:
+            del sample
+        self._sweep(first)
+
+    def _prepare(self) -> tuple[Any, list[LoaderSettings]]:
+        """One batch loaded in the kernel's process, the sweep planned, and the pitfalls judged on both, before
+        any worker starts."""
         self.progress(f"dataprobe: loading one batch in the kernel's process (no workers yet){self._clock()}")
-        main_process = LoaderSettings(0, pin_memory=False)
         try:
-            sample = self.runner.sample_batch(main_process)
+            sample = self.runner.sample_batch(LoaderSettings(0))
         except Exception as exc:
             raise DataProbeError(f"`{self.loader_name}` fails to load a batch in the kernel's own process: "
                                  f"{type(exc).__name__}: {exc}") from None
@@ -239,32 +261,24 @@ class _Probe:
         self.baseline_settings = current
         self.windows_left = (BASELINE_WINDOWS * (3 if self.target else 1) + SWEEP_WINDOWS * 2 * len(first)
                              + RECHECK_WINDOWS * 3)
-        self.loader_alone = self._trial(current, CURRENT, LOADER, BASELINE_WINDOWS, "loader alone at your settings")
-        if self.loader_alone.error is not None:
-            raise DataProbeError(f"`{self.loader_name}` fails at its own settings ({current.label()}): "
-                                 f"{self.loader_alone.error}")
-        if self.target is not None:
-            self.progress(f"dataprobe: the step alone on one cached batch{self._clock()}")
-            self.ticker.resume("dataprobe: the step alone on one cached batch")
+        return sample, first
+
+    def _step_and_loop(self, sample: Any) -> None:
+        """The step alone on the cached batch, then the loop at the user's settings."""
+        text = "dataprobe: the step alone on one cached batch"
+        self.progress(text + self._clock())
+        self.ticker.resume(text)
+        try:
             self.step_alone = self.runner.step_alone(sample, windows=BASELINE_WINDOWS,
                                                      window_seconds=self._window_seconds(1))
+        finally:
             self.ticker.pause()
-            self.windows_left -= BASELINE_WINDOWS
-            del sample
-            self.together = self._trial(current, CURRENT, LOOP, BASELINE_WINDOWS, "loader and step together")
-            if self.together.error is not None:
-                raise DataProbeError(f"`{self.loader_name}` fails in the loop at its own settings: "
-                                     f"{self.together.error}")
-            if self._verdict() == "compute-bound":
-                self.notes.append("The step is the bottleneck, not the loader: the sweep was not run. Time the "
-                                  "step with %%gputime to see where its time goes.")
-                rate = self.together.samples_per_second
-                if rate is not None:  # keep what you have: it is what was measured keeping up
-                    self.recommendation = (current, rate, rate)
-                return
-        else:
-            del sample
-        self._sweep(first)
+        self.windows_left -= BASELINE_WINDOWS
+        self.together = self._trial(self.baseline_settings, CURRENT, LOOP, BASELINE_WINDOWS,
+                                    "loader and step together")
+        if self.together.error is not None:
+            raise DataProbeError(f"`{self.loader_name}` fails in the loop at its own settings: "
+                                 f"{self.together.error}")
 
     def _sweep(self, first: list[LoaderSettings]) -> None:
         ceiling = self.step_alone.samples_per_second if self.step_alone is not None else None
