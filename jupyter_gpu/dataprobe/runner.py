@@ -322,6 +322,10 @@ class _Probe:
             self.notes.append("No setting could be measured: nothing to recommend.")
             return
         self.recommendation = (choice[0], choice[1], ranked[0][1])
+        if choice[1] < decide.WITHIN_BEST * ranked[0][1]:
+            # The two leaders fell when measured again, below a setting measured only in the sweep.
+            self.notes.append(f"{ranked[0][0].label()} measured {ranked[0][1]:,.0f} samples/s in the sweep but was not "
+                              "measured again; the recommendation is the best of the settings measured twice.")
         if self.elapsed > SKIP_VERIFY_AFTER * self.request.seconds:
             self.notes.append("The recommendation was not checked by running it again: the time budget ran out.")
             return

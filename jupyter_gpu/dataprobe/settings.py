@@ -32,9 +32,10 @@ class LoaderSettings:
             object.__setattr__(self, "prefetch_factor", DEFAULT_PREFETCH)
 
     @property
-    def cost(self) -> tuple[int, int, bool, bool]:
-        """What the setting costs the machine, cheapest first: worker processes, batches held, pinned memory."""
-        return (self.num_workers, self.prefetch_factor or 0, self.pin_memory, not self.persistent_workers)
+    def cost(self) -> tuple[int, bool, int, bool]:
+        """What the setting costs, cheapest first: worker processes, then restarting them every epoch (their
+        start-up, which the timed windows rarely include, is paid again each epoch), batches held, pinned memory."""
+        return (self.num_workers, not self.persistent_workers, self.prefetch_factor or 0, self.pin_memory)
 
     def kwargs(self) -> dict[str, Any]:
         """The DataLoader keyword arguments, as DataLoader accepts them (no prefetch_factor without workers)."""
