@@ -283,3 +283,50 @@ def test_an_iterable_dataset_is_probed_and_its_per_worker_copies_are_named():
     result = probe(DataLoader(Stream(), batch_size=16), workers=(0, 1), seconds=2.0)
     assert result.dataset_len is None and result.recommended is not None
     assert any("get_worker_info" in note for note in result.notes)
+
+
+@pytest.fixture
+def small_shm_context(tmp_path: Path):
+    """A machine root whose /dev/shm is a real 64 MiB tmpfs, Docker's default (skips where mount is refused)."""
+    import subprocess
+
+    from jupyter_gpu.gpucheck.facts.context import ProbeContext
+
+    target = tmp_path / "root" / "dev" / "shm"
+    target.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(target)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield ProbeContext(root=tmp_path / "root", env={})
+    subprocess.run(["umount", str(target)], check=True)
+
+
+def test_settings_whose_batches_do_not_fit_dev_shm_are_named_and_never_started(small_shm_context):
+    # A batch is 16 MiB: one worker with 2 batches in flight fits 64 MiB with headroom, two workers do not.
+    loader = DataLoader(TensorDataset(torch.zeros(64, 256, 1024)), batch_size=16)
+    children = child_pids()
+    result = probe(loader, workers=(0, 1, 2), seconds=3.0, context=small_shm_context)
+    assert "SHM_TOO_SMALL" in [finding.code for finding in result.pitfalls]
+    assert {trial.settings.num_workers for trial in result.trials} <= {0, 1}
+    assert any(text.startswith("2 workers") and "/dev/shm" in text for text in result.skipped)
+    assert child_pids() == children
+
+
+def test_a_dataset_of_large_python_lists_shows_copy_on_read_and_worker_memory():
+    class Captions(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.captions = [f"caption number {index}" for index in range(200_000)]
+
+        def __len__(self) -> int:
+            return len(self.captions)
+
+        def __getitem__(self, index):
+            return torch.tensor([len(self.captions[index])])
+
+    result = probe(DataLoader(Captions(), batch_size=64), workers=(0, 1), seconds=3.0)
+    (finding,) = [finding for finding in result.pitfalls if finding.code == "DATASET_COPY_ON_READ"]
+    assert "captions" in str(finding.evidence)
+    with_workers = [trial for trial in result.trials if trial.settings.num_workers]
+    assert with_workers and all(trial.worker_memory.private_bytes is not None for trial in with_workers)
+    assert "private" in str(result)  # the table shows each worker's own memory, where copy-on-read grows
