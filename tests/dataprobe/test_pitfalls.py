@@ -77,8 +77,8 @@ def test_a_notebook_dataset_under_spawn_blocks_workers_before_any_starts(shell):
             shell.user_ns.pop(name, None)
     assert codes(pitfalls) == ["NOTEBOOK_SPAWN_PICKLING"]
     assert pitfalls.workers_blocked == (
-        "No worker setting can run: workers started with 'spawn' cannot import `NotebookDataset`, a class defined "
-        "in the notebook; only num_workers=0 loads here."
+        "No worker setting can run: workers started with 'spawn' cannot import the dataset class `NotebookDataset`, "
+        "defined in the notebook; only num_workers=0 loads here."
     )
     assert "from datasets import NotebookDataset" in pitfalls.findings[0].fix
     assert pitfalls.shm_bytes is None  # no /dev/shm under that root

@@ -47,7 +47,7 @@ def test_a_tensor_dataset_loader():
         "persistent_workers": True, "start_method": "fork", "dataset_class": "TensorDataset",
         "dataset_module": "torch.utils.data.dataset", "dataset_len": 100, "prefetch_factor": 3,
         "sample_bytes": 3 * 8 * 4 + 4,  # one float32 row of 3 x 8, one float32 target
-        "cuda_initialized": False, "dataset_cuda": None, "dataset_python_containers": [],
+        "cuda_initialized": False, "dataset_cuda": None, "dataset_python_containers": [], "notebook_defined": [],
     }
     assert not torch.cuda.is_initialized()  # reading the loader never starts CUDA
 

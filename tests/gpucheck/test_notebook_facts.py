@@ -237,6 +237,7 @@ def test_dataloader_settings():
         "cuda_initialized": False,
         "dataset_cuda": None,
         "dataset_python_containers": [],
+        "notebook_defined": [],
     }
     assert by_name(facts)["train_loader"]["start_method"] in multiprocessing.get_all_start_methods()
 

@@ -100,7 +100,8 @@ def test_findings_come_per_loader_then_shared_memory_over_all():
 def test_workers_blocked_names_each_reason_and_only_blocking_ones():
     spawn = loader("a", start="spawn", module_name="__main__")
     sentence = workers_blocked(judge(spawn, loader("b", **CUDA_LOADER)))
-    assert sentence.startswith("No worker setting can run: workers started with 'spawn' cannot import `FaceDataset`")
+    assert sentence.startswith("No worker setting can run: workers started with 'spawn' cannot import the dataset "
+                               "class `FaceDataset`")
     assert "(dataset.tensors[0] on cuda:0)" in sentence and sentence.endswith("only num_workers=0 loads here.")
     containers = [{"path": "dataset.samples", "type": "list", "items": 1_200_000}]
     assert workers_blocked(judge(loader(containers=containers), shm_bytes=64 * MIB)) is None
@@ -119,3 +120,15 @@ def test_fits_shm_applies_the_headroom_shm_too_small_sizes_with():
     assert fits_shm(2, 2, 16 * MIB, 128 * MIB) and not fits_shm(2, 2, 16 * MIB, 127 * MIB)
     assert fits_shm(2, None, 16 * MIB, 128 * MIB)  # torch's default prefetch of 2
     assert not fits_shm(2, 4, 16 * MIB, 128 * MIB)
+
+
+def test_a_notebook_collate_fn_under_spawn_is_named_with_a_library_dataset():
+    spawn = loader("a", start="spawn")
+    spawn["notebook_defined"] = [{"what": "collate_fn", "name": "pad_batch"},
+                                 {"what": "sampler class", "name": "BucketSampler"}]
+    (finding,) = judge(spawn)
+    assert finding.code == "NOTEBOOK_SPAWN_PICKLING"
+    assert "the collate_fn `pad_batch` and the sampler class `BucketSampler`" in finding.headline
+    assert "from datasets import pad_batch, BucketSampler" in finding.fix
+    assert workers_blocked([finding]).startswith("No worker setting can run: workers started with 'spawn' cannot "
+                                                 "import the collate_fn `pad_batch` and the sampler class")

@@ -117,3 +117,16 @@ def test_a_notebook_dataset_under_spawn_is_named_before_any_worker_starts(ip: In
     shown = "\n".join(plain_texts(captured))
     assert "NOTEBOOK_SPAWN_PICKLING" in shown and "datasets.py" in shown  # the fix: move the class to a file
     assert child_pids() == children
+
+
+def test_a_notebook_collate_fn_under_spawn_is_named_even_with_a_library_dataset(ip: InteractiveShell) -> None:
+    ip.run_cell("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+                "def pad_batch(items):\n    return torch.stack([x for (x,) in items])\n"
+                "loader = DataLoader(TensorDataset(torch.zeros(256, 4)), batch_size=16, collate_fn=pad_batch,\n"
+                "                    num_workers=1, multiprocessing_context='spawn')").raise_error()
+    children = child_pids()
+    result = ip.run_line_magic("dataprobe", "loader --workers 0,1 --seconds 2 -q -o")
+    (finding,) = [finding for finding in result.pitfalls if finding.code == "NOTEBOOK_SPAWN_PICKLING"]
+    assert "the collate_fn `pad_batch`" in finding.headline
+    assert {trial.settings.num_workers for trial in result.trials} == {0}
+    assert child_pids() == children

@@ -23,7 +23,7 @@ SHM_HEADROOM = 2
 # When one sample's size is unknown (any dataset but a TensorDataset), each worker is allowed this much
 # before headroom: 8 workers then come to the 8 GiB that Docker users are usually told to give.
 SHM_UNKNOWN_WORKER_BYTES = 512 * 1024 * 1024
-MOVE_DATASET = "# move class {0} into a file such as datasets.py next to the notebook, then:"
+MOVE_DATASET = "# move {0} into a file such as datasets.py next to the notebook, then:"
 # torch/cuda/__init__.py raises exactly this in a forked child once the parent has initialised CUDA.
 CUDA_FORK_ERROR = (
     "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
@@ -63,8 +63,10 @@ def workers_blocked(findings: list[Finding]) -> str | None:
     for finding in findings:
         evidence = finding.evidence
         if finding.code == "NOTEBOOK_SPAWN_PICKLING":
+            defined = [dict(zip(("what", "name"), item.rsplit(" ", 1), strict=True))
+                       for item in evidence["defined_in_the_notebook"]]
             reasons.append(f"workers started with '{evidence['start_method']}' cannot import "
-                           f"`{evidence['dataset_class']}`, a class defined in the notebook")
+                           f"{_defined_text(defined)}, defined in the notebook")
         elif finding.code == "CUDA_IN_FORKED_WORKER":
             reasons.append(f"forked workers cannot use CUDA, where the dataset's tensors are "
                            f"({evidence['dataset_cuda']})")
@@ -73,17 +75,33 @@ def workers_blocked(findings: list[Finding]) -> str | None:
     return f"No worker setting can run: {'; and '.join(reasons)}; only num_workers=0 loads here."
 
 
+def _notebook_defined(dl: dict) -> list[dict[str, str]]:
+    defined = list(dl.get("notebook_defined") or [])
+    if not defined and dl["dataset_module"] == "__main__":  # a snapshot from before notebook_defined was read
+        defined = [{"what": "dataset class", "name": dl["dataset_class"]}]
+    return defined
+
+
+def _defined_text(defined: list[dict[str, str]]) -> str:
+    """"the dataset class `Images` and the collate_fn `collate`"."""
+    items = [f"the {item['what']} `{item['name']}`" for item in defined]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
 def _spawn_pickling(dl: dict) -> list[Finding]:
-    if dl["start_method"] not in ("spawn", "forkserver") or dl["dataset_module"] != "__main__":
+    defined = _notebook_defined(dl)
+    if dl["start_method"] not in ("spawn", "forkserver") or not defined:
         return []
-    name, cls = dl["name"], dl["dataset_class"]
+    name = dl["name"]
     headline = (
         f"DataLoader `{name}` starts workers with '{dl['start_method']}', which cannot import "
-        f"`{cls}` (defined in the notebook): iterating it fails or hangs."
+        f"{_defined_text(defined)} (defined in the notebook): iterating it fails or hangs."
     )
     keys = ("start_method", "num_workers", "dataset_class", "dataset_module")
-    evidence = {"variable": name, **{k: dl[k] for k in keys}}
-    fix = [MOVE_DATASET.format(cls), f"from datasets import {cls}"]
+    evidence = {"variable": name, **{k: dl[k] for k in keys},
+                "defined_in_the_notebook": [f"{item['what']} {item['name']}" for item in defined]}
+    names = ", ".join(item["name"] for item in defined)
+    fix = [MOVE_DATASET.format(names), f"from datasets import {names}"]
     fix.append(f"# or load in the kernel's process: {name} = DataLoader(..., num_workers=0)")
     return [_usage("NOTEBOOK_SPAWN_PICKLING", "warn", headline, evidence, fix)]
 

@@ -82,7 +82,33 @@ def loader_facts(name: str, loader: Any, types: dict[str, Any]) -> dict[str, Any
         "cuda_initialized": cuda_initialized(loaded_torch()),
         "dataset_cuda": _cuda_places(dataset, types),
         "dataset_python_containers": _large_containers(dataset, types),
+        "notebook_defined": _notebook_defined(loader, types),
     }
+
+
+# What a worker started with spawn or forkserver must import by name: a class or function defined in a notebook
+# lives in the kernel's __main__, which the worker's fresh interpreter does not have.
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+def _notebook_defined(loader: Any, types: dict[str, Any]) -> list[dict[str, str]]:
+    """What the loader's workers would need from the notebook itself, e.g. {"what": "collate_fn", "name":
+    "collate"}, {"what": "dataset class", "name": "Images"} (also inside a Subset chain), sampler classes and the
+    worker_init_fn."""
+    found = []
+    for path, dataset in _datasets(loader.dataset, types):
+        if type(dataset).__module__ in _MAIN_MODULES:
+            found.append({"what": f"{'dataset' if path == ROOT else path} class",
+                          "name": type(dataset).__qualname__})
+    for role in ("sampler", "batch_sampler"):
+        value = getattr(loader, role, None)
+        if value is not None and type(value).__module__ in _MAIN_MODULES:
+            found.append({"what": f"{role} class", "name": type(value).__qualname__})
+    for role in ("collate_fn", "worker_init_fn"):
+        value = getattr(loader, role, None)
+        if value is not None and getattr(value, "__module__", None) in _MAIN_MODULES:
+            found.append({"what": role, "name": getattr(value, "__qualname__", type(value).__qualname__)})
+    return found
 
 
 def start_method(loader: Any) -> str:
