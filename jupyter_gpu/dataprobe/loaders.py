@@ -169,6 +169,11 @@ def batch_samples(batch: Any, batch_size: int | None) -> int:
     return batch_size or 1
 
 
+def batch_cuda_device(batch: Any) -> str | None:
+    """The CUDA device of the first CUDA tensor in a batch ("cuda:0"), or None."""
+    return next((str(tensor.device) for tensor in _tensors(batch) if tensor.is_cuda), None)
+
+
 def batch_bytes(batch: Any) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(batch))
 

@@ -48,12 +48,15 @@ def check_pitfalls(
     *,
     ctx: ProbeContext | None = None,
     batch_bytes: int | None = None,
+    batch_cuda: str | None = None,
 ) -> Pitfalls:
     """The worker pitfalls of `loader` (bound to `name`) under the settings the sweep plans to start.
 
     The rules judge the loader with the largest planned `num_workers` and `prefetch_factor` (the loader's own
     settings when nothing is planned). `batch_bytes`, one batch's bytes measured by the caller, sizes the
-    batches in flight in place of the sample bytes x batch size read from a TensorDataset."""
+    batches in flight in place of the sample bytes x batch size read from a TensorDataset. `batch_cuda` is the
+    CUDA device of a batch the caller loaded in this process ("cuda:0"), when it has one: a dataset whose
+    `__getitem__` returns CUDA tensors fails in forked workers as surely as one holding them."""
     torch = loaded_torch()
     if torch is None:  # a DataLoader cannot exist without torch imported
         raise TypeError(f"`{name}` is not a DataLoader: torch is not imported in this kernel")
@@ -61,6 +64,8 @@ def check_pitfalls(
     facts = _as_planned(loader_facts(name, loader, loader_types(torch)), planned)
     if batch_bytes is not None:
         facts["batch_bytes"] = batch_bytes
+    if batch_cuda is not None and not facts.get("dataset_cuda"):
+        facts["dataset_cuda"] = f"a batch it yields, on {batch_cuda}"
     shm_bytes = system.shm_bytes(ctx)
     findings = worker_rules.worker_findings([facts], shm_bytes=shm_bytes, hosting=system.hosting_facts(ctx))
     known_batch = batch_bytes if batch_bytes is not None else _batch_bytes(facts)

@@ -17,7 +17,14 @@ from typing import Any
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.batchprobe.ticker import Ticker
 from jupyter_gpu.dataprobe import decide
-from jupyter_gpu.dataprobe.loaders import LoaderError, SamplerStates, batch_bytes, recipe_of, usable_cpus
+from jupyter_gpu.dataprobe.loaders import (
+    LoaderError,
+    SamplerStates,
+    batch_bytes,
+    batch_cuda_device,
+    recipe_of,
+    usable_cpus,
+)
 from jupyter_gpu.dataprobe.measure import StepFailed, StepTarget, TrialRunner
 from jupyter_gpu.dataprobe.pitfalls import Pitfalls, check_pitfalls
 from jupyter_gpu.dataprobe.result import (
@@ -252,7 +259,7 @@ class _Probe:
                    *decide.second_stage([max(first, key=lambda s: s.num_workers)], gpu=self.gpu)]
         self.measured_batch_bytes = batch_bytes(sample)
         self.pitfalls = check_pitfalls(self.loader, self.loader_name, planned, ctx=self.context,
-                                       batch_bytes=self.measured_batch_bytes)
+                                       batch_bytes=self.measured_batch_bytes, batch_cuda=batch_cuda_device(sample))
         current = self._runnable(self.current, self.measured_batch_bytes)
         if current is None:
             self.notes.append(f"Your setting ({self.current.label()}) cannot start its workers (see the pitfalls "

@@ -39,3 +39,19 @@ def test_a_cuda_step_gets_gpu_idle_gaps_pinned_settings_and_its_state_back():
     assert result.recommended_settings.num_workers >= 2
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), weights, strict=True))
     assert torch.cuda.memory_allocated() <= allocated
+
+
+def test_a_dataset_that_returns_cuda_tensors_blocks_forked_workers_before_they_start():
+    class OnTheGpu(torch.utils.data.Dataset):
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, index):
+            return torch.zeros(4, device="cuda")  # touches CUDA in __getitem__, holds no CUDA tensor
+
+    torch.ones(1, device="cuda")  # the kernel has started CUDA, as a training notebook has
+    loader = DataLoader(OnTheGpu(), batch_size=8, multiprocessing_context="fork", num_workers=1)
+    result = run_dataprobe(loader, None, DataProbeRequest((0, 1), 3.0), loader_name="loader")
+    (finding,) = [finding for finding in result.pitfalls if finding.code == "CUDA_IN_FORKED_WORKER"]
+    assert "a batch it yields, on cuda" in finding.headline
+    assert {trial.settings.num_workers for trial in result.trials} == {0}
