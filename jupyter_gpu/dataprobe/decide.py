@@ -25,6 +25,8 @@ LARGER_PREFETCH = 4
 CEILING_SHARE = 0.95
 # More workers past the best count: two counts in a row this much slower mean oversubscription, not noise.
 SLOWER_BY = 0.10
+# A loop that waits for data less than this share of its time gains at most that much from more loading power.
+KEEPS_UP_BELOW = 0.05
 
 
 def verdict(wait_fraction: float) -> str:
@@ -84,15 +86,28 @@ def at_ceiling(rate: float | None, ceiling: float | None) -> bool:
     return rate is not None and ceiling is not None and rate >= CEILING_SHARE * ceiling
 
 
-def stop_adding_workers(measured: Sequence[tuple[int, float]], ceiling: float | None) -> str | None:
-    """Why the worker sweep can stop after these (count, samples/s) results, in the order run; None to go on."""
+def keeps_up(wait_fraction: float | None) -> bool:
+    """Whether the loop barely waits for data: a perfect loader would buy it at most KEEPS_UP_BELOW."""
+    return wait_fraction is not None and wait_fraction < KEEPS_UP_BELOW
+
+
+def stop_adding_workers(measured: Sequence[tuple[int, float, float | None]], ceiling: float | None) -> str | None:
+    """Why the worker sweep can stop after these (count, samples/s, share of the loop spent waiting) results, in
+    the order run; None to go on.
+
+    Either measure says the loader keeps up: the loop at the step's own speed, or the loop hardly waiting (the
+    handover of each batch from a worker costs the loop time the wait does not show, so on a busy host the loop
+    may never reach 95% of the step alone while the wait is already near zero)."""
     if not measured:
         return None
-    count, rate = measured[-1]
+    count, rate, wait = measured[-1]
+    workers = f"{count} worker{'s' if count != 1 else ''}"
     if at_ceiling(rate, ceiling):
-        return f"the loop already ran at the step's own speed with {count} worker{'s' if count != 1 else ''}"
-    best = max(rate for _, rate in measured)
-    if len(measured) >= 3 and all(rate < (1 - SLOWER_BY) * best for _, rate in measured[-2:]):
+        return f"the loop already ran at the step's own speed with {workers}"
+    if count > 0 and keeps_up(wait):
+        return f"the loop waited for data only {wait:.0%} of the time with {workers}"
+    best = max(rate for _, rate, _ in measured)
+    if len(measured) >= 3 and all(rate < (1 - SLOWER_BY) * best for _, rate, _ in measured[-2:]):
         return "the last two worker counts were each more than 10% slower than the best (too many processes)"
     return None
 
@@ -122,19 +137,33 @@ def leaders(trials: Iterable[Trial], count: int = 2) -> list[LoaderSettings]:
     return [settings for settings, _ in ranking(trials)[:count]]
 
 
+def pooled_wait(trials: Iterable[Trial]) -> dict[LoaderSettings, float]:
+    """The mean share of the loop spent waiting for data, per setting, over its trials in the loop."""
+    waits: dict[LoaderSettings, list[float]] = {}
+    for trial in trials:
+        if trial.error is None and trial.wait_fraction is not None:
+            waits.setdefault(trial.settings, []).append(trial.wait_fraction)
+    return {settings: sum(values) / len(values) for settings, values in waits.items()}
+
+
 def recommend(trials: Iterable[Trial]) -> tuple[LoaderSettings, float, float] | None:
     """(setting, its pooled median, the best pooled median) once the leaders were measured again.
 
-    The best setting, unless a cheaper one is within CHEAPER_WITHIN of it: more workers than needed cost
-    memory and CPU the main process needs. Either way the choice is within WITHIN_BEST of the best.
+    The best setting, unless a cheaper one is within CHEAPER_WITHIN of it and, in the loop, keeps up with room to
+    spare (waits under COMPUTE_BOUND_BELOW): more workers than needed cost memory and CPU the main process needs,
+    but a setting that only just keeps up on a quiet moment falls behind on a busy one. Either way the choice is
+    within WITHIN_BEST of the best.
     """
+    trials = list(trials)
     ranked = ranking(trials)
     if not ranked:
         return None
+    waits = pooled_wait(trials)
     best_settings, best = ranked[0]
     chosen, chosen_rate = best_settings, best
     for settings, rate in ranked[1:]:
-        if rate >= best * (1 - CHEAPER_WITHIN) and settings.cost < chosen.cost:
+        spare = settings not in waits or waits[settings] < COMPUTE_BOUND_BELOW
+        if rate >= best * (1 - CHEAPER_WITHIN) and settings.cost < chosen.cost and spare:
             chosen, chosen_rate = settings, rate
     return chosen, chosen_rate, best
 

@@ -296,6 +296,9 @@ def text_bars(result: DataProbeResult) -> list[str]:
     for count, settings, rate, windows in points:
         marks = [mark for mark, chosen in (("current", result.current), ("recommended", result.recommended_settings))
                  if settings == chosen]
+        for mark, chosen in (("current", result.current), ("recommended", result.recommended_settings)):
+            if chosen is not None and chosen != settings and chosen.num_workers == count:
+                marks.append(f"{mark}: {chosen.label()}")  # another variant at this count
         spread = (f" ({format_rate(min(windows))}–{format_rate(max(windows))})" if len(windows) > 1 else "")
         lines.append(f"  {count:>{width}}  {_range_bar(min(windows), rate, max(windows), full)}  "
                      f"{format_rate(rate):>9}{spread}  {settings.label()}"

@@ -289,31 +289,20 @@ class _Probe:
 
     def _sweep(self, first: list[LoaderSettings]) -> None:
         ceiling = self.step_alone.samples_per_second if self.step_alone is not None else None
-        measured: list[tuple[int, float]] = []
+        measured: list[tuple[int, float, float | None]] = []
         for index, settings in enumerate(first):
             trial = self._current_trial() if settings == self.baseline_settings else None
             if trial is None:
                 trial = self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
             if trial is not None and trial.samples_per_second is not None:
-                measured.append((settings.num_workers, trial.samples_per_second))
+                measured.append((settings.num_workers, trial.samples_per_second, trial.wait_fraction))
             reason = decide.stop_adding_workers(measured, ceiling)
             if reason is not None and index + 1 < len(first):
                 counts = ", ".join(str(later.num_workers) for later in first[index + 1:])
                 self.skipped.append(f"{counts} workers: not tried, {reason}")
                 self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * (len(first) - index - 1))
                 break
-        best = decide.ranking(self._mode_trials())
-        if best and decide.at_ceiling(best[0][1], ceiling):
-            self.skipped.append("deeper prefetch, non-persistent workers and pinning: not tried, the loop already "
-                                "runs at the step's own speed")
-        elif self.elapsed > SKIP_SECOND_STAGE_AFTER * self.request.seconds:
-            self.skipped.append("deeper prefetch, non-persistent workers and pinning were not tried: the time "
-                                "budget was mostly spent (raise --seconds)")
-        else:
-            second = decide.second_stage(decide.leaders(self._mode_trials()), gpu=self.gpu)
-            self.windows_left += SWEEP_WINDOWS * len(second)
-            for settings in second:
-                self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
+        self._second_stage(ceiling)
         leaders = decide.leaders(self._mode_trials())
         if self.elapsed > SKIP_RECHECK_AFTER * self.request.seconds:
             self.notes.append("The two best settings were not measured again: the time budget ran out "
@@ -338,6 +327,28 @@ class _Probe:
             return
         check = self._trial(choice[0], VERIFY, self.mode, RECHECK_WINDOWS, "checking the recommendation")
         self.verified = check.samples_per_second
+
+    def _second_stage(self, ceiling: float | None) -> None:
+        """Variants around the best worker counts; when the loader already keeps up only pinning is left to try
+        (on a GPU it shortens the step's own copies, which the wait does not show)."""
+        if self.elapsed > SKIP_SECOND_STAGE_AFTER * self.request.seconds:
+            self.skipped.append("deeper prefetch, non-persistent workers and pinning were not tried: the time "
+                                "budget was mostly spent (raise --seconds)")
+            return
+        ranked = decide.ranking(self._mode_trials())
+        leaders = [settings for settings, _ in ranked[:2]]
+        second = decide.second_stage(leaders, gpu=self.gpu)
+        if ranked:
+            best, rate = ranked[0]
+            wait = decide.pooled_wait(self._mode_trials()).get(best)
+            if decide.at_ceiling(rate, ceiling) or (best.num_workers and decide.keeps_up(wait)):
+                self.skipped.append("deeper prefetch and non-persistent workers: not tried, the loader already keeps "
+                                    "up with the step")
+                second = [variant for variant in decide.second_stage([best], gpu=self.gpu)
+                          if variant.pin_memory != best.pin_memory]
+        self.windows_left += SWEEP_WINDOWS * len(second)
+        for settings in second:
+            self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
 
     def _current_trial(self) -> Trial | None:
         """The baseline trial of the user's setting in the sweep's mode: it is that setting's sweep measurement."""

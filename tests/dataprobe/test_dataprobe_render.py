@@ -236,9 +236,10 @@ def test_a_check_far_from_the_prediction_is_not_called_a_confirmation() -> None:
 
 
 def test_a_cheaper_setting_within_five_percent_says_which_was_best() -> None:
-    # Two deep-prefetch workers measure 3% faster than one worker: the one worker is recommended.
-    sweep = [trial(MAIN, [600.0, 619.0], wait=0.62), trial(ONE, [1700.0, 1720.0], wait=0.2),
-             trial(TWO_DEEP, [1760.0, 1780.0], wait=0.2)]
+    # Two deep-prefetch workers measure 3% faster than one worker, which keeps up with room to spare (waits 4%):
+    # the one worker is recommended.
+    sweep = [trial(MAIN, [600.0, 619.0], wait=0.62), trial(ONE, [1700.0, 1720.0], wait=0.04),
+             trial(TWO_DEEP, [1760.0, 1780.0], wait=0.02)]
     result = loop_result(together_rates=[600.0, 619.0], wait=0.62, sweep=sweep, verified=1715.0)
     assert result.recommended_settings == ONE
     assert row(recommendation_rows(result), "of the best") == (

@@ -12,8 +12,10 @@ from jupyter_gpu.dataprobe.result import CURRENT, LOOP, RECHECK, SWEEP, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 
 
-def trial(settings: LoaderSettings, rates: list[float], stage: str = SWEEP, error: str | None = None) -> Trial:
-    return Trial(settings=settings, stage=stage, mode=LOOP, rates=rates, first_batch_seconds=0.1, error=error)
+def trial(settings: LoaderSettings, rates: list[float], stage: str = SWEEP, error: str | None = None,
+          wait: float | None = None) -> Trial:
+    return Trial(settings=settings, stage=stage, mode=LOOP, rates=rates, first_batch_seconds=0.1, error=error,
+                 wait_fraction=wait)
 
 
 def workers(count: int, prefetch: int = 2, persistent: bool = True, pin: bool = False) -> LoaderSettings:
@@ -114,6 +116,24 @@ def test_the_cheapest_of_several_close_settings_wins() -> None:
     trials = [trial(workers(8), [1000.0]), trial(workers(4), [990.0]), trial(workers(2, prefetch=4), [970.0]),
               trial(workers(2), [965.0]), trial(workers(1), [900.0])]
     assert decide.recommend(trials) == (workers(2), 965.0, 1000.0)
+
+
+def test_a_cheaper_setting_that_only_just_keeps_up_is_not_recommended() -> None:
+    # One worker loads a batch in exactly the step's time: on a quiet moment it measures within 5% of two
+    # workers, but the loop waits 20% of its time for it; on a busy one it falls behind.
+    trials = [trial(workers(2), [1000.0], wait=0.02), trial(workers(1), [970.0], wait=0.2)]
+    assert decide.recommend(trials) == (workers(2), 1000.0, 1000.0)
+    with_room = [trial(workers(2), [1000.0], wait=0.02), trial(workers(1), [970.0], wait=0.04)]
+    assert decide.recommend(with_room)[0] == workers(1)
+
+
+def test_the_worker_sweep_stops_once_the_loader_keeps_up() -> None:
+    assert decide.stop_adding_workers([(0, 300.0, 0.6), (1, 560.0, 0.03)], ceiling=700.0) == (
+        "the loop waited for data only 3% of the time with 1 worker")
+    assert decide.stop_adding_workers([(0, 300.0, 0.6), (1, 680.0, 0.2)], ceiling=700.0) == (
+        "the loop already ran at the step's own speed with 1 worker")
+    assert decide.stop_adding_workers([(0, 300.0, 0.6), (1, 560.0, 0.2)], ceiling=700.0) is None
+    assert decide.stop_adding_workers([(0, 900.0, 0.02)], ceiling=1000.0) is None  # 0 workers: try one anyway
 
 
 def test_ties_go_to_the_cheaper_setting() -> None:
