@@ -27,6 +27,9 @@ CEILING_SHARE = 0.95
 SLOWER_BY = 0.10
 # A loop that waits for data less than this share of its time gains at most that much from more loading power.
 KEEPS_UP_BELOW = 0.05
+# Doubling the workers must buy more than this to be worth measuring the next count (0 -> 1 excepted: a first
+# worker moves the loading off the loop, which can pay off only once the count after it is measured too).
+PAYS_OFF_ABOVE = 0.05
 
 
 def verdict(wait_fraction: float) -> str:
@@ -106,6 +109,11 @@ def stop_adding_workers(measured: Sequence[tuple[int, float, float | None]], cei
         return f"the loop already ran at the step's own speed with {workers}"
     if count > 0 and keeps_up(wait):
         return f"the loop waited for data only {wait:.0%} of the time with {workers}"
+    if len(measured) >= 2:
+        previous_count, previous, _ = measured[-2]
+        if previous_count > 0 and rate < previous * (1 + PAYS_OFF_ABOVE):
+            return (f"{workers} were not {PAYS_OFF_ABOVE:.0%} faster than {previous_count} (more workers stopped "
+                    "paying off)")
     best = max(rate for _, rate, _ in measured)
     if len(measured) >= 3 and all(rate < (1 - SLOWER_BY) * best for _, rate, _ in measured[-2:]):
         return "the last two worker counts were each more than 10% slower than the best (too many processes)"

@@ -49,9 +49,6 @@ class _Batches:
         self._yielded = 0  # batches from the current epoch
         self.pids: list[int] = []
 
-    def first(self) -> Any:
-        return self.next()
-
     def next(self) -> Any:
         while True:
             if self._iterator is None:
@@ -123,7 +120,7 @@ class TrialRunner:
         error: str | None = None
         try:
             start = time.perf_counter()
-            batch = batches.first()
+            batch = batches.next()
             first_seconds = time.perf_counter() - start
             del batch
             self._drain(batches, settings, window_seconds, loop)
@@ -231,7 +228,7 @@ class TrialRunner:
         """One batch from a fresh loader with the given settings (for the step-alone measurement)."""
         batches = _Batches(self._recipe.build(settings))
         try:
-            return batches.first()
+            return batches.next()
         finally:
             batches.close()
 

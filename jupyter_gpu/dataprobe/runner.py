@@ -45,7 +45,8 @@ from jupyter_gpu.units import format_bytes, format_seconds
 DEFAULT_SECONDS = 60.0
 BASELINE_WINDOWS = 3
 SWEEP_WINDOWS = 2
-RECHECK_WINDOWS = 3
+RECHECK_WINDOWS = 2  # with the sweep's 2: four windows for each of the two best
+VERIFY_WINDOWS = 3
 MIN_WINDOW_SECONDS = 0.05
 MAX_WINDOW_SECONDS = 2.0
 FIRST_OVERHEAD_GUESS = 0.2  # seconds a trial spends outside its windows (start-up, shutdown) before any is seen
@@ -266,8 +267,8 @@ class _Probe:
                               "above): the current figures are for num_workers=0.")
             current = LoaderSettings(0, pin_memory=self.current.pin_memory)
         self.baseline_settings = current
-        self.windows_left = (BASELINE_WINDOWS * (3 if self.target else 1) + SWEEP_WINDOWS * 2 * len(first)
-                             + RECHECK_WINDOWS * 3)
+        self.windows_left = (BASELINE_WINDOWS * (3 if self.target else 1) + SWEEP_WINDOWS * (len(first) + 2)
+                             + RECHECK_WINDOWS * 2 + VERIFY_WINDOWS)
         return sample, first
 
     def _step_and_loop(self, sample: Any) -> None:
@@ -325,7 +326,7 @@ class _Probe:
         if self.elapsed > SKIP_VERIFY_AFTER * self.request.seconds:
             self.notes.append("The recommendation was not checked by running it again: the time budget ran out.")
             return
-        check = self._trial(choice[0], VERIFY, self.mode, RECHECK_WINDOWS, "checking the recommendation")
+        check = self._trial(choice[0], VERIFY, self.mode, VERIFY_WINDOWS, "checking the recommendation")
         self.verified = check.samples_per_second
 
     def _second_stage(self, ceiling: float | None) -> None:
@@ -336,16 +337,17 @@ class _Probe:
                                 "budget was mostly spent (raise --seconds)")
             return
         ranked = decide.ranking(self._mode_trials())
-        leaders = [settings for settings, _ in ranked[:2]]
-        second = decide.second_stage(leaders, gpu=self.gpu)
-        if ranked:
-            best, rate = ranked[0]
-            wait = decide.pooled_wait(self._mode_trials()).get(best)
-            if decide.at_ceiling(rate, ceiling) or (best.num_workers and decide.keeps_up(wait)):
-                self.skipped.append("deeper prefetch and non-persistent workers: not tried, the loader already keeps "
-                                    "up with the step")
-                second = [variant for variant in decide.second_stage([best], gpu=self.gpu)
-                          if variant.pin_memory != best.pin_memory]
+        if not ranked:
+            return
+        best, rate = ranked[0]
+        # Around the best count only: prefetch and persistence matter little next to the worker count, and the
+        # runner-up's own variants would rarely beat the best's.
+        second = decide.second_stage([best], gpu=self.gpu)
+        wait = decide.pooled_wait(self._mode_trials()).get(best)
+        if decide.at_ceiling(rate, ceiling) or (best.num_workers and decide.keeps_up(wait)):
+            self.skipped.append("deeper prefetch and non-persistent workers: not tried, the loader already keeps up "
+                                "with the step")
+            second = [variant for variant in second if variant.pin_memory != best.pin_memory]
         self.windows_left += SWEEP_WINDOWS * len(second)
         for settings in second:
             self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)

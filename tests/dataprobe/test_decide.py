@@ -177,3 +177,11 @@ def test_the_choice_is_always_within_ten_percent_of_the_best_and_never_costlier_
 ])
 def test_prediction_holds_within_fifteen_percent(predicted: float, verified: float, holds: bool) -> None:
     assert decide.prediction_holds(predicted, verified) is holds
+
+
+def test_the_worker_sweep_stops_when_doubling_the_workers_stops_paying_off() -> None:
+    plateau = [(0, 127.0, 0.68), (1, 188.0, 0.5), (2, 361.0, 0.08), (4, 362.0, 0.08)]
+    assert decide.stop_adding_workers(plateau, ceiling=396.0) == (
+        "4 workers were not 5% faster than 2 (more workers stopped paying off)")
+    assert decide.stop_adding_workers(plateau[:3], ceiling=396.0) is None  # 1 -> 2 workers nearly doubled it
+    assert decide.stop_adding_workers([(0, 300.0, 0.2), (1, 290.0, 0.2)], ceiling=400.0) is None  # 0 -> 1 excepted
