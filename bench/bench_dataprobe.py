@@ -15,9 +15,9 @@ ours first on the others, so a drift of the machine's load does not always favou
 1. **ours**: `run_dataprobe(loader, step, DataProbeRequest(workers=W, seconds=60, window_seconds=w))`, the engine
    of `%dataprobe loader --step step`, with every timed window `w` seconds long (`--window`, default 0.4 s) so that
    both sides measure at the same precision; the 60 s budget (`--seconds`) is then only the limit past which the
-   probe would leave phases out. Reported: its verdict and wait share, the setting it recommends (`num_workers=0`,
-   kept, when it stops at "compute-bound"), that setting's samples/s as it verified it, and its wall time, the
-   loader alone, the step alone and the loop at the user's setting included (they give the verdict).
+   probe would leave phases out. Reported: its verdict and wait share, the setting it recommends (the user's own,
+   `num_workers=0`, kept when it stops at "compute-bound"), that setting's samples/s as it verified it, and its
+   wall time, the loader alone, the step alone and the loop at the user's setting included (they give the verdict).
 2. **exhaustive sweep** of the same settings: 0 workers, and every W > 0 with `prefetch_factor` 2 and 4 and
    `persistent_workers` True and False (17 settings for the default W), each timed in the training loop by the
    same engine, `TrialRunner(...).trial(settings, stage="sweep", mode="loop", windows=3, window_seconds=w)`, on a
@@ -54,8 +54,7 @@ import os
 import platform
 import sys
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -112,9 +111,13 @@ def lightning_settings(count: int) -> LoaderSettings:
 class Sweep:
     trials: list[Trial]
     seconds: float
+    # Settings outside the grid (Lightning's count on a bigger machine), measured the same way afterwards: looked up
+    # by `rate`, never counted in the sweep's best, size or time.
+    extra: list[Trial] = field(default_factory=list)
 
     def rate(self, settings: LoaderSettings) -> float | None:
-        return next((trial.samples_per_second for trial in self.trials if trial.settings == settings), None)
+        return next((trial.samples_per_second for trial in [*self.trials, *self.extra]
+                     if trial.settings == settings), None)
 
     def best(self) -> tuple[LoaderSettings, float]:
         ranked = decide.ranking(self.trials)  # highest median first, ties to the cheaper setting
@@ -195,7 +198,7 @@ def run_ratio(index: int, ratio: float, args: argparse.Namespace, settings: list
     chosen = result.recommended_settings or result.current  # compute-bound: the user keeps the loader as it is
     extra = [each for each in (chosen, lightning) if sweep.rate(each) is None]
     if extra:  # a setting outside the sweep (Lightning's count on a bigger machine): measured the same way
-        sweep.trials += exhaustive(loader(), args.step_seconds, extra, args.window).trials
+        sweep.extra = exhaustive(loader(), args.step_seconds, extra, args.window).trials
     return Row(ratio, sweep, result, seconds, chosen, sweep.rate(chosen) or 0.0, lightning,
                sweep.rate(lightning) or 0.0)
 
@@ -223,7 +226,7 @@ def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
         time_share = row.ours_seconds / row.sweep.seconds
         result = row.result
         verified = format_rate(result.verified) if result.verified is not None else "—"
-        kept = "" if result.recommended_settings is not None else " (kept)"
+        kept = " (kept)" if row.chosen == result.current else ""  # the user's own setting: nothing to change
         measured = f"{row.measured_ratio:.2f}" if row.measured_ratio is not None else "—"
         wait = f"{result.wait_fraction:.0%}" if result.wait_fraction is not None else "—"
         out.append((
@@ -267,6 +270,8 @@ def print_details(rows: list[Row]) -> None:
     for row in rows:
         rates = ", ".join(f"{short(trial.settings)} {format_rate(trial.samples_per_second)}"
                           for trial in row.sweep.trials)
+        rates += "".join(f"; outside the grid: {short(trial.settings)} {format_rate(trial.samples_per_second)}"
+                         for trial in row.sweep.extra)
         print(f"- ratio {row.ratio:g}: exhaustive {rates}")
         steps = row.result.step_alone
         mine = ", ".join(f"{short(trial.settings)} {trial.stage}/{trial.mode} {format_rate(trial.samples_per_second)}"
@@ -318,9 +323,6 @@ def main() -> None:
     args = parser.parse_args()
     ratios = [float(value) for value in args.ratios.split(",") if value.strip()]
     args.workers = tuple(int(value) for value in args.workers.split(",") if value.strip())
-    # torch warns at every DataLoader built with more workers than CPUs; the bench means to (sleeps overlap),
-    # and the warning would bury the table.
-    warnings.filterwarnings("ignore", message="This DataLoader will create")
     count, source = lightning_workers()
     lightning = lightning_settings(count)
     settings = exhaustive_settings(args.workers)
