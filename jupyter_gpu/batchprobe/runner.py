@@ -95,7 +95,8 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     release_last_error(shell)  # an OOM in an earlier cell may still hold its tensors
     namespace = namespace or {}
     objects = find_training_objects(namespace, step)
-    budget = _budget_for(torch, request.max_memory, _device_of(objects.modules))
+    # Where the model lives decides what to count; with no model found the step decides.
+    budget = _budget_for(torch, request.max_memory, objects.device())
     notes: list[str] = []
     try:
         gc.collect()
@@ -136,14 +137,6 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
 def _holders(torch: Any, namespace: dict[str, Any], objects: TrainingObjects, budget: Budget,
              only: set[int] | None = None) -> list[Holder]:
     return memory_holders(torch, namespace, objects, budget.device.split(":")[0], only=only)
-
-
-def _device_of(modules: list[Any]) -> Any:
-    """Where the model lives decides what to count; None when no model was found (the step decides)."""
-    for module in modules:
-        for parameter in module.parameters():
-            return parameter.device
-    return None
 
 
 def _budget_for(torch: Any, max_memory: int | None, device: Any) -> Budget:

@@ -64,6 +64,13 @@ class TrainingObjects:
         """How the report names the objects, e.g. ["model", "opt"]."""
         return [self.labels.get(id(obj), type(obj).__name__) for obj in self.objects()]
 
+    def device(self) -> Any | None:
+        """Where the model lives (its first parameter's device); None when no module with parameters was found."""
+        for module in self.modules:
+            for parameter in module.parameters():
+                return parameter.device
+        return None
+
 
 def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any] | None = None) -> TrainingObjects:
     """Find the training objects in the user's namespace and among what `step` reaches directly.

@@ -117,8 +117,10 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
 
     target = None
     if step is not None:
-        device = _device_of(torch, objects)
+        device = objects.device() or torch.device("cpu")  # no model found: the batch stays where it is loaded
         target = StepTarget(step, device, device.type == "cuda")
+        if step_name is None:
+            step_name = getattr(step, "__name__", type(step).__name__)
     probe = _Probe(torch, recipe, target, restore, request, progress or _silent, loader, loader_name, context)
     memory_before = _cuda_allocated(torch)
     try:
@@ -141,13 +143,6 @@ def _cuda_allocated(torch: Any) -> int | None:
     if not cuda_initialized(torch):
         return None
     return sum(int(torch.cuda.memory_allocated(index)) for index in range(torch.cuda.device_count()))
-
-
-def _device_of(torch: Any, objects: TrainingObjects) -> Any:
-    for module in objects.modules:
-        for parameter in module.parameters():
-            return parameter.device
-    return torch.device("cpu")
 
 
 def _silent(_: str) -> None:

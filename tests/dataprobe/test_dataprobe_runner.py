@@ -194,6 +194,14 @@ def test_model_optimizer_rngs_sampler_and_loader_come_back_exactly_and_no_worker
     assert {"model", "opt", "RNG", "sampler"} <= set(result.restored)
 
 
+def test_probe_loader_for_scripts_names_the_step_and_returns_the_result():
+    result = probe_loader(loader_for_ratio(2.0, step_seconds=STEP_SECONDS), sleepy_step(STEP_SECONDS),
+                          workers=(0, 2), seconds=3.0)
+    assert result.step_name == "step" and result.mode == LOOP  # the step function's own name
+    assert result.verdict == "input-bound" and result.recommended["num_workers"] == 2
+    assert "step step on cpu" in str(result)
+
+
 def test_ctrl_c_keeps_what_was_measured_shuts_workers_down_and_puts_the_state_back():
     model = nn.Linear(8, 2)
     weights = model.weight.detach().clone()
