@@ -295,7 +295,7 @@ class _Probe:
             reason = decide.stop_adding_workers(measured, ceiling)
             if reason is not None and index + 1 < len(first):
                 counts = ", ".join(str(later.num_workers) for later in first[index + 1:])
-                self.skipped.append(f"{counts} workers: not tried, {reason}")
+                self.skipped.append(f"{counts} workers: {reason}")
                 self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * (len(first) - index - 1))
                 break
         self._second_stage(ceiling)
@@ -328,8 +328,8 @@ class _Probe:
         """Variants around the best worker counts; when the loader already keeps up only pinning is left to try
         (on a GPU it shortens the step's own copies, which the wait does not show)."""
         if self.elapsed > SKIP_SECOND_STAGE_AFTER * self.request.seconds:
-            self.skipped.append("deeper prefetch, non-persistent workers and pinning were not tried: the time "
-                                "budget was mostly spent (raise --seconds)")
+            self.skipped.append("deeper prefetch, non-persistent workers and pinning: the time budget was mostly "
+                                "spent (raise --seconds)")
             return
         ranked = decide.ranking(self._mode_trials())
         if not ranked:
@@ -340,8 +340,8 @@ class _Probe:
         second = decide.second_stage([best], gpu=self.gpu)
         wait = decide.pooled_wait(self._mode_trials()).get(best)
         if decide.at_ceiling(rate, ceiling) or (best.num_workers and decide.keeps_up(wait)):
-            self.skipped.append("deeper prefetch and non-persistent workers: not tried, the loader already keeps up "
-                                "with the step")
+            self.skipped.append("deeper prefetch and non-persistent workers: the loader already keeps up with the "
+                                "step")
             second = [variant for variant in second if variant.pin_memory != best.pin_memory]
         self.windows_left += SWEEP_WINDOWS * len(second)
         for settings in second:
