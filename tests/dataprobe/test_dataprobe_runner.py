@@ -7,7 +7,6 @@ cores, and the ratio of loading to compute is a number each test chooses. Budget
 from __future__ import annotations
 
 import gc
-import os
 import random
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from processes import child_pids
 from sleepy_data import SleepyDataset, loader_for_ratio, sleepy_loader, sleepy_step
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -30,13 +30,6 @@ def probe(loader, step=None, *, workers=None, seconds=4.0, **kwargs):
                          step_name="step" if step is not None else None, **kwargs)
 
 
-def child_pids() -> set[int]:
-    """This process's live children, from /proc (multiprocessing forgets workers it did not start itself)."""
-    found = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        children = (task / "children").read_text().split()
-        found.update(int(pid) for pid in children)
-    return found
 
 
 def unchanged(now: dict, before: dict) -> bool:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from processes import child_pids
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from jupyter_gpu.dataprobe.pitfalls import check_pitfalls
@@ -23,15 +23,6 @@ def codes(pitfalls):
     return [f.code for f in pitfalls.findings]
 
 
-def child_pids() -> set[int]:
-    """This process's children as the kernel lists them, whoever started them (multiprocessing or not)."""
-    found = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            found.update(int(pid) for pid in (task / "children").read_text().split())
-        except OSError:  # a thread that ended while we looked
-            continue
-    return found
 
 
 @pytest.fixture

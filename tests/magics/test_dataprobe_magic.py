@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
+from processes import child_pids
 
 from jupyter_gpu.dataprobe.result import DataProbeResult
 
@@ -43,11 +41,6 @@ def train_step(batch):
 """
 
 
-def child_pids() -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        found.update(int(pid) for pid in (task / "children").read_text().split())
-    return found
 
 
 def plain_texts(captured: capture_output) -> list[str]:
