@@ -97,9 +97,9 @@ def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
 
 
 def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
-    loader = loader_for_ratio(0.2, step_seconds=STEP_SECONDS, num_workers=1, persistent_workers=True)
-    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2), seconds=4.0)
-    assert result.verdict == "compute-bound"
+    loader = loader_for_ratio(0.2, step_seconds=VERDICT_STEP_SECONDS, num_workers=1, persistent_workers=True)
+    result = probe(loader, sleepy_step(VERDICT_STEP_SECONDS), workers=(0, 1, 2), seconds=4.0)
+    assert result.verdict == "compute-bound", result.wait_fraction
     assert [trial.stage for trial in result.trials] == [CURRENT, CURRENT]
     assert any("%%gputime" in note for note in result.notes)
     assert result.recommended == result.current.kwargs() and result.code() is None  # keep what you have
