@@ -120,6 +120,11 @@ def stop_adding_workers(measured: Sequence[tuple[int, float, float | None]], cei
     return None
 
 
+def of_mode(trials: Iterable[Trial], mode: str) -> list[Trial]:
+    """The trials timed one way (the loader alone, or the loop): their rates compare only with each other."""
+    return [trial for trial in trials if trial.mode == mode]
+
+
 def pooled(trials: Iterable[Trial]) -> dict[LoaderSettings, list[float]]:
     """Every window measured for each setting, over all the trials that ran it without an error."""
     windows: dict[LoaderSettings, list[float]] = {}

@@ -269,7 +269,7 @@ def _sweep_trials(result: DataProbeResult) -> list[Trial]:
     """What the recommendation was chosen from: trials timed the way the sweep timed them (a loader-alone rate
     never mixes with a loop rate), before the check of the recommendation (shown apart, as "verified")."""
     mode = next((trial.mode for trial in result.trials if trial.stage == SWEEP), result.mode)
-    return [trial for trial in result.trials if trial.mode == mode and trial.stage != VERIFY]
+    return [trial for trial in decide.of_mode(result.trials, mode) if trial.stage != VERIFY]
 
 
 def _best_per_worker_count(result: DataProbeResult) -> list[tuple[int, LoaderSettings, float, list[float]]]:

@@ -403,7 +403,7 @@ class _Probe:
         return f" · {format_seconds(self.elapsed)} of {format_seconds(self.request.seconds)}"
 
     def _mode_trials(self) -> list[Trial]:
-        return [trial for trial in self.trials if trial.mode == self.mode]
+        return decide.of_mode(self.trials, self.mode)
 
     # -- result ----------------------------------------------------------------------------------------------
 
