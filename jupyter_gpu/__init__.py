@@ -11,7 +11,8 @@ from typing import Any
 from jupyter_gpu.version import __version__
 
 __all__ = ["BatchProbeResult", "Comparison", "DataProbeResult", "GpuCheckReport", "GpuTimeResult",
-           "GpuUnavailableError", "__version__", "compare", "probe_batch_size", "probe_loader", "require_gpu"]
+           "GpuUnavailableError", "SpeedProbeResult", "__version__", "compare", "probe_batch_size", "probe_loader",
+           "probe_speed", "require_gpu"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -80,6 +81,14 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu.dataprobe.result import DataProbeResult
 
         return DataProbeResult
+    if name == "probe_speed":
+        from jupyter_gpu.speedprobe.runner import probe_speed
+
+        return probe_speed
+    if name == "SpeedProbeResult":
+        from jupyter_gpu.speedprobe.result import SpeedProbeResult
+
+        return SpeedProbeResult
     if name == "GpuCheckReport":
         from jupyter_gpu.gpucheck.report import GpuCheckReport
 

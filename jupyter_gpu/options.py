@@ -309,3 +309,35 @@ def dataprobe_parser(prog: str = "%dataprobe") -> SentenceParser:
     parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
     parser.add_argument("names", nargs="*", metavar="LOADER", help="the DataLoader to probe")
     return parser
+
+
+def _option_names(text: str) -> tuple[str, ...]:
+    """An argparse type for '--try amp-bf16,compile': names from the speed-up catalogue, each once, in order."""
+    from jupyter_gpu.speedprobe.catalog import OPTION_NAMES
+
+    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [name for name in names if name not in OPTION_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--try takes option names separated by commas, such as amp-bf16,compile; "
+                                         f"{(unknown or [text])[0]!r} is not one of {', '.join(OPTION_NAMES)}")
+    return names
+
+
+def speedprobe_parser(prog: str = "%speedprobe") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False,
+                            description="What AMP, TF32, channels_last, cudnn.benchmark, fused optimizers and "
+                                        "torch.compile buy on this training step, measured, with the numbers checked.",
+                            usage="%(prog)s STEP [--try LIST] [--steps N] [-o] [-q]  (STEP() runs one training step: "
+                                  "its own batch, forward, backward, optimizer step; it may return the loss)")
+    parser.add_argument("--try", dest="options", type=_option_names, default=None, metavar="LIST",
+                        help="options to try, e.g. amp-bf16,fused-optimizer (default every one that applies: "
+                             "amp-bf16, amp-fp16, tf32, cudnn-benchmark, channels-last, fused-optimizer, compile, "
+                             "compile-reduce-overhead)")
+    parser.add_argument("--steps", type=_whole_number("--steps", 1), default=20, metavar="N",
+                        help="steps each configuration runs; their losses are compared with the baseline's "
+                             "(default 20)")
+    parser.add_argument("-o", dest="return_result", action="store_true",
+                        help="return the SpeedProbeResult (.baseline_seconds, .options, .best, .code())")
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    parser.add_argument("names", nargs="*", metavar="STEP", help="the training step function")
+    return parser

@@ -35,7 +35,9 @@ PURE = [
     "jupyter_gpu.batchprobe.render", "jupyter_gpu.batchprobe.estimate_result", "jupyter_gpu.batchprobe.estimate_render",
     "jupyter_gpu.batchprobe.user_line", "jupyter_gpu.batchprobe.ticker",
     "jupyter_gpu.dataprobe", "jupyter_gpu.dataprobe.settings", "jupyter_gpu.dataprobe.result",
-    "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
+    "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
+    "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
+    "jupyter_gpu.speedprobe.decide", "jupyter_gpu.speedprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
@@ -54,7 +56,9 @@ PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nv
                   "jupyter_gpu.batchprobe.state", "jupyter_gpu.batchprobe.release", "jupyter_gpu.batchprobe.holders",
                   "jupyter_gpu.batchprobe.estimate", "jupyter_gpu.batchprobe.runner", "jupyter_gpu.gpucheck.run",
                   "jupyter_gpu.autoload.install", "jupyter_gpu.autoload.startup", "jupyter_gpu.dataprobe.loaders",
-                  "jupyter_gpu.dataprobe.measure", "jupyter_gpu.dataprobe.pitfalls", "jupyter_gpu.dataprobe.runner"]
+                  "jupyter_gpu.dataprobe.measure", "jupyter_gpu.dataprobe.pitfalls", "jupyter_gpu.dataprobe.runner",
+                  "jupyter_gpu.speedprobe.flags", "jupyter_gpu.speedprobe.variants", "jupyter_gpu.speedprobe.measure",
+                  "jupyter_gpu.speedprobe.runner"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

@@ -64,6 +64,10 @@ class TrainingObjects:
         """How the report names the objects, e.g. ["model", "opt"]."""
         return [self.labels.get(id(obj), type(obj).__name__) for obj in self.objects()]
 
+    def parameters(self) -> list[Any]:
+        """Every parameter of the modules and of the optimizers' groups, each once."""
+        return _unique_params(self)
+
     def device(self) -> Any | None:
         """Where the model lives (its first parameter's device); None when no module with parameters was found."""
         for module in self.modules:

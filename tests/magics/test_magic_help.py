@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpu.options import batchprobe_parser, check_parser, dataprobe_parser, gpupanel_parser, gputime_parser
+from jupyter_gpu.options import (
+    batchprobe_parser,
+    check_parser,
+    dataprobe_parser,
+    gpupanel_parser,
+    gputime_parser,
+    speedprobe_parser,
+)
 
 PARSERS = {
     "gpucheck": lambda: check_parser("%gpucheck", magic=True),
@@ -12,6 +19,7 @@ PARSERS = {
     "batchprobe": batchprobe_parser,
     "gpupanel": gpupanel_parser,
     "dataprobe": dataprobe_parser,
+    "speedprobe": speedprobe_parser,
 }
 
 

@@ -1,0 +1,222 @@
+"""Run the user's step under one configuration, the way `%%gputime` times: synchronised, warm-up (and
+compilation) apart, at least five timed steps; and record what the agreement check needs: the first step's
+parameter update, the loss of every step, NaN/inf and the GradScaler's fate.
+
+Every configuration starts from the same state (the runner restores its StateSnapshot first), so every one sees
+the same weights and, with the random generators restored, the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock
+from jupyter_gpu.gputime.opcount import OpCounter
+from jupyter_gpu.speedprobe import variants
+from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
+from jupyter_gpu.speedprobe.variants import StepSetting
+
+MIN_TIMED_STEPS = 5
+# torch.compile compiles on the first call and often once more on the second (the optimizer's state, dynamic
+# shapes); both are warm-up, reported as compile time.
+COMPILE_WARMUP_STEPS = 2
+FIRST_STEP_WARMUP = 1
+
+Progress = Callable[[str], None]
+
+
+class StepRaised(RuntimeError):
+    """The step raised under a configuration; the message names the exception."""
+
+
+@dataclass
+class Run:
+    """What one configuration's steps measured."""
+
+    times: list[float] = field(default_factory=list)
+    warmup_seconds: list[float] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)
+    update: list[Any] | None = None            # per parameter, host float32: after the first step minus before
+    ops: dict[str, int] = field(default_factory=dict)  # operators of one counted step, by device type
+    cpu_peak_bytes: int | None = None
+    cuda_peak_bytes: int | None = None
+    batch_size: int | None = None
+    scaling: variants.Fp16Scaling | None = None
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    loss_note: str | None = None
+
+
+@dataclass
+class StepRunner:
+    """Runs configurations of one step on one setting; `weights_before` are host copies of every parameter."""
+
+    step: Callable[[], Any]
+    setting: StepSetting
+    params: list[Any]
+    weights_before: list[Any]
+    progress: Progress | None = None
+
+    @classmethod
+    def for_step(cls, step: Callable[[], Any], setting: StepSetting, params: list[Any],
+                 progress: Progress | None = None) -> StepRunner:
+        return cls(step, setting, params, [param.detach().to("cpu", copy=True) for param in params], progress)
+
+    def run(self, names: tuple[str, ...], steps: int, label: str, want_batch_size: bool = False) -> Run:
+        """Apply `names`, call the step `max(steps, warm-up + 1 + 5)` times, undo. The caller restores state."""
+        torch = self.setting.torch
+        warmup = COMPILE_WARMUP_STEPS if any(name.startswith("compile") for name in names) else FIRST_STEP_WARMUP
+        total = max(steps, warmup + 1 + MIN_TIMED_STEPS)
+        record = Run()
+        memory = CudaMemoryWatch(torch)
+        with ExitStack() as stack:
+            applied = variants.apply(names, self.setting, stack)
+            record.scaling = applied.fp16
+            record.notes = applied.notes
+            clock = DeviceClock(torch)
+            for index in range(total):
+                if self.progress is not None:
+                    self.progress(f"{label}: step {index + 1}/{total}")
+                counted = index == warmup
+                try:
+                    seconds, value = self._one_step(applied, clock, counted, record,
+                                                    want_batch_size and counted)
+                except StepRaised as raised:
+                    record.error = str(raised)
+                    break
+                if index < warmup:
+                    record.warmup_seconds.append(seconds)
+                elif not counted:  # counting operators slows the step: that one is not timed
+                    record.times.append(seconds)
+                record.losses.append(self._loss_value(value, record))
+                if index == 0:
+                    record.update = self._update()
+        record.cuda_peak_bytes = self._cuda_peak(memory)
+        return record
+
+    def _one_step(self, applied: variants.Applied, clock: DeviceClock, counted: bool, record: Run,
+                  want_batch_size: bool) -> tuple[float, Any]:
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            box["value"] = applied.call(self.step)
+
+        hooks = self._batch_size_hooks(record) if want_batch_size else []
+        try:
+            if counted:
+                counter = OpCounter(self.setting.torch)
+                with counter:
+                    seconds, _ = clock.time(call)
+                counts = counter.result()
+                record.ops = dict(counts.by_device)
+                record.cpu_peak_bytes = counts.cpu_peak_bytes
+            else:
+                seconds, _ = clock.time(call)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            raise StepRaised(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        finally:
+            for handle in hooks:
+                handle.remove()
+        return seconds, box.get("value")
+
+    def _batch_size_hooks(self, record: Run) -> list[Any]:
+        """Forward pre-hooks that read the batch size off the model's first tensor input; removed after the call."""
+        torch = self.setting.torch
+
+        def seen(_module: Any, args: tuple, kwargs: dict) -> None:
+            if record.batch_size is None:
+                for value in (*args, *kwargs.values()):
+                    if isinstance(value, torch.Tensor) and value.dim() >= 1:
+                        record.batch_size = int(value.shape[0])
+                        return
+
+        return [module.register_forward_pre_hook(seen, with_kwargs=True) for module in self.setting.objects.modules]
+
+    def _loss_value(self, value: Any, record: Run) -> float | None:
+        torch = self.setting.torch
+        if isinstance(value, torch.Tensor):
+            if value.numel() == 1:
+                return float(value.detach().float().item())
+            record.loss_note = f"the step returned a tensor of shape {tuple(value.shape)}, not a scalar loss"
+            return None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if value is not None:
+            record.loss_note = f"the step returned a {type(value).__name__}, not a loss"
+        return None
+
+    def _update(self) -> list[Any]:
+        return [param.detach().to("cpu", copy=True).float() - before.float()
+                for param, before in zip(self.params, self.weights_before, strict=True)]
+
+    def _cuda_peak(self, memory: CudaMemoryWatch) -> int | None:
+        device = self.setting.device
+        if device.type != "cuda":
+            return None
+        index = device.index if device.index is not None else 0
+        for use in memory.finish():
+            if use.device == f"cuda:{index}":
+                return use.peak_allocated
+        return None
+
+    # -- sensitivity ------------------------------------------------------------------------------------------------
+
+    def rounded_update(self, format_name: str) -> list[Any] | None:
+        """The baseline's first update after rounding the weights to `format_name` (float32: one unit in the
+        last place, at random): how much that format's precision alone moves this step's update.
+        The caller restores the state afterwards."""
+        torch = self.setting.torch
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for param, before in zip(self.params, self.weights_before, strict=True):
+                if not torch.is_floating_point(param):
+                    continue
+                param.copy_(_rounded(torch, before, format_name, generator).to(param.device))
+        rounded_before = [param.detach().to("cpu", copy=True).float() for param in self.params]
+        clock = DeviceClock(torch)
+        applied = variants.Applied(self.setting, (), ExitStack())
+        try:
+            self._one_step(applied, clock, False, Run(), False)
+        except StepRaised:
+            return None
+        return [param.detach().to("cpu", copy=True).float() - before
+                for param, before in zip(self.params, rounded_before, strict=True)]
+
+
+def _rounded(torch: Any, tensor: Any, format_name: str, generator: Any) -> Any:
+    if format_name == BF16:
+        return tensor.to(torch.bfloat16).to(tensor.dtype)
+    if format_name == FP16:
+        return tensor.to(torch.float16).to(tensor.dtype)
+    if format_name == TF32:
+        # TF32 keeps 10 of float32's 23 mantissa bits: round to nearest at bit 13.
+        bits = tensor.float().contiguous().view(torch.int32)
+        return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(tensor.dtype)
+    if format_name == FP32:
+        noise = torch.rand(tensor.shape, generator=generator) * 2 - 1
+        return (tensor.float() * (1 + noise * 2.0 ** -24)).to(tensor.dtype)
+    raise ValueError(format_name)
+
+
+def relative_difference(update: list[Any] | None, reference: list[Any] | None) -> float | None:
+    """||update - reference|| / ||reference|| over all parameters, in float64; None when either is missing or the
+    reference did not move (a step that updates nothing cannot be compared)."""
+    if update is None or reference is None:
+        return None
+    difference = sum(float(((a.double() - b.double()) ** 2).sum()) for a, b in zip(update, reference, strict=True))
+    norm = sum(float((b.double() ** 2).sum()) for b in reference)
+    if norm == 0:
+        return None
+    return math.sqrt(difference / norm) if math.isfinite(difference) else math.inf
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+

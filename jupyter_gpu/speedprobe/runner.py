@@ -1,0 +1,265 @@
+"""Run `%speedprobe`: the baseline twice (its time and how repeatable its update is), how much each format's
+rounding alone moves the update, every option alone, then the options that helped and agreed together, with
+the user's state, global flags and compiled-code caches put back after each and at the end.
+
+Order matters for fairness: every configuration starts from the same snapshot (same weights; with the random
+generators restored, the same batch), and the baseline runs first, so it also pays the step's one-off costs
+(allocator growth, cuDNN handles, lazy modules) that would otherwise flatter the options.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
+from jupyter_gpu.batchprobe.ticker import Ticker
+from jupyter_gpu.speedprobe import decide
+from jupyter_gpu.speedprobe.catalog import BY_NAME, OPTION_NAMES, CodeContext, loosest_format
+from jupyter_gpu.speedprobe.flags import GlobalFlags, conv_tf32_line
+from jupyter_gpu.speedprobe.measure import MIN_TIMED_STEPS, Run, StepRunner, relative_difference
+from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
+from jupyter_gpu.speedprobe.variants import StepSetting, why_not
+from jupyter_gpu.units import format_seconds
+
+DEFAULT_STEPS = 20
+# Two baseline runs from the same state whose first updates differ by more than this are not the same
+# computation: the step takes a new batch per call (next(iterator)) or draws from a generator we do not restore.
+NOT_REPEATABLE = 0.05
+
+Progress = Callable[[str], None]
+
+
+class SpeedProbeError(RuntimeError):
+    """The probe cannot run; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class SpeedProbeRequest:
+    options: tuple[str, ...] | None = None  # None: every option that applies to this step and device
+    steps: int = DEFAULT_STEPS
+
+
+def probe_speed(step: Callable[[], Any], *, options: Sequence[str] | None = None, steps: int = DEFAULT_STEPS,
+                namespace: dict[str, Any] | None = None, progress: Progress | None = None) -> SpeedProbeResult:
+    """Measure what AMP, TF32, channels_last, cudnn.benchmark, fused optimizers and torch.compile buy on
+    `step()`, one training step (its own batch, forward, backward, optimizer step) that may return the loss,
+    and check that each one's numbers still agree with the step as it is.
+
+    `namespace` is where the model and optimizer live (a script's `globals()`); the step's own globals, closure
+    and bound object are searched as well. Everything is put back afterwards, also after Ctrl-C.
+    """
+    request = SpeedProbeRequest(tuple(options) if options is not None else None, steps)
+    result = run_speedprobe(step, request, namespace=namespace, progress=progress)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = None, *,
+                   step_name: str | None = None, namespace: dict[str, Any] | None = None,
+                   progress: Progress | None = None) -> SpeedProbeResult:
+    """`probe_speed` for the magic: on Ctrl-C what was measured comes back with `interrupted=True`."""
+    try:
+        import torch
+    except ImportError:
+        raise SpeedProbeError("%speedprobe needs PyTorch, and torch is not installed in this kernel.") from None
+    request = request or SpeedProbeRequest()
+    name = step_name or getattr(step, "__name__", None) or type(step).__name__
+    if not callable(step):
+        raise SpeedProbeError(f"`{name}` is a {type(step).__name__}, not a function; it must be callable as "
+                              f"{name}() and run one training step.")
+    if request.steps < 1:
+        raise SpeedProbeError(f"--steps must be at least 1, not {request.steps}")
+    unknown = [option for option in request.options or () if option not in BY_NAME]
+    if unknown:
+        raise SpeedProbeError(f"unknown option {unknown[0]!r}; choose from {', '.join(OPTION_NAMES)}")
+    objects = find_training_objects(namespace or {}, step)
+    if not objects.modules and not objects.optimizers:
+        raise SpeedProbeError(f"no model or optimizer was found in the notebook or in what `{name}` refers to; "
+                              "define them as notebook variables (model = ..., opt = ...) so they can be put back "
+                              "after each trial.")
+    setting = StepSetting(torch, objects, objects.device() or torch.device("cpu"))
+    snapshot = StateSnapshot.take(objects)
+    flags = GlobalFlags.take(torch)
+    dynamo_was_loaded = "torch._dynamo" in sys.modules
+    probe = _Probe(step, name, setting, request, snapshot, flags, progress)
+    interrupted = False
+    try:
+        probe.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        probe.ticker.stop()
+        probe.put_back()
+        (progress or _silent)("")
+        if probe.compiled and not dynamo_was_loaded:
+            # Nothing of the user's was compiled before: dropping the probe's graphs (and CUDA graph pools) loses
+            # nothing of theirs and keeps torch.compile's recompile limit for their own code.
+            torch._dynamo.reset()
+        gc.collect()
+    return probe.result(interrupted, objects.names(), dynamo_was_loaded)
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+class _Probe:
+    def __init__(self, step: Callable[[], Any], name: str, setting: StepSetting, request: SpeedProbeRequest,
+                 snapshot: StateSnapshot, flags: GlobalFlags, progress: Progress | None) -> None:
+        self.step_name = name
+        self.setting = setting
+        self.request = request
+        self.snapshot = snapshot
+        self.flags = flags
+        self.started = time.perf_counter()
+        show = progress or _silent
+        self.ticker = Ticker(lambda text: show(f"{text}, {format_seconds(time.perf_counter() - self.started)} "
+                                               "elapsed"))
+        self.runner = StepRunner.for_step(step, setting, setting.objects.parameters(),
+                                          progress=lambda text: self.ticker.resume(f"speedprobe {name}: {text}"))
+        self.baseline_run: Run | None = None
+        self.baseline: OptionTrial | None = None
+        self.repeat_noise: float | None = None
+        self.sensitivity: dict[str, float | None] = {}
+        self.singles: list[OptionTrial] = []
+        self.combination: OptionTrial | None = None
+        self.compiled = False
+        self.notes: list[str] = []
+
+    # -- the sequence ---------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        planned = self._plan()
+        first = self._measure((), "baseline (1 of 2)", want_batch_size=True)
+        if first.error is not None:
+            raise SpeedProbeError(f"`{self.step_name}` raised {first.error} (everything it changed was put back)")
+        self.baseline_run = first
+        second = self._measure((), "baseline (2 of 2)")
+        self.repeat_noise = relative_difference(second.update, first.update)
+        self.baseline = self._trial("baseline", (), first, extra_times=second.times)
+        applicable = [option for option, reason in planned if reason is None]
+        for format_name in dict.fromkeys(BY_NAME[option].format for option in applicable):
+            self.ticker.resume(f"speedprobe {self.step_name}: how {format_name} rounding alone moves the update")
+            self.sensitivity[format_name] = relative_difference(self.runner.rounded_update(format_name),
+                                                                first.update)
+            self.put_back()
+        for count, (option, reason) in enumerate(planned, 1):
+            if reason is not None:
+                self.singles.append(OptionTrial(option, (option,), skipped=reason))
+                continue
+            run = self._measure((option,), f"{option} ({count} of {len(planned)})")
+            self.singles.append(self._trial(option, (option,), run))
+        members = decide.combination_members(self.singles)
+        if len(members) >= 2:
+            run = self._measure(members, "the combination")
+            self.combination = self._trial("+".join(members), members, run)
+
+    def _plan(self) -> list[tuple[str, str | None]]:
+        names = self.request.options or OPTION_NAMES
+        return [(option, why_not(option, self.setting)) for option in OPTION_NAMES if option in names]
+
+    def _measure(self, names: tuple[str, ...], label: str, want_batch_size: bool = False) -> Run:
+        self.compiled = self.compiled or any(name.startswith("compile") for name in names)
+        try:
+            return self.runner.run(names, self.request.steps, label, want_batch_size=want_batch_size)
+        finally:
+            self.ticker.pause()
+            self.put_back()
+
+    def put_back(self) -> None:
+        self.snapshot.restore()
+        self.flags.restore(self.setting.torch)
+
+    # -- one configuration's trial --------------------------------------------------------------------------------
+
+    def _trial(self, name: str, members: tuple[str, ...], run: Run, extra_times: Sequence[float] = ()) -> OptionTrial:
+        times = [*run.times, *extra_times]
+        for note in run.notes:
+            self.notes.append(f"{name}: {note}")
+        seconds = statistics.median(times) if times else None
+        baseline_seconds = self.baseline.seconds if self.baseline is not None else seconds
+        speedup = baseline_seconds / seconds if seconds and baseline_seconds and run.error is None else None
+        compile_seconds = None
+        if any(member.startswith("compile") for member in members) and run.warmup_seconds and seconds:
+            compile_seconds = max(0.0, sum(run.warmup_seconds) - len(run.warmup_seconds) * seconds)
+        cuda = self.setting.device_type == "cuda"
+        return OptionTrial(
+            name=name, members=members, times=times, warmup_seconds=list(run.warmup_seconds),
+            compile_seconds=compile_seconds, peak_bytes=run.cuda_peak_bytes if cuda else run.cpu_peak_bytes,
+            ops=sum(run.ops.values()) if run.ops else None,
+            agreement=self._agreement(members, run) if members else None,
+            speedup=speedup if members else 1.0, error=run.error)
+
+    def _agreement(self, members: tuple[str, ...], run: Run) -> Agreement | None:
+        if run.error is not None:
+            return None
+        baseline = self.baseline_run
+        assert baseline is not None
+        format_name = loosest_format(members)
+        failure = None
+        if run.scaling is not None:
+            scaling = run.scaling
+            failure = decide.scaler_failure(scaling.initial_scale, float(scaling.scaler.get_scale()),
+                                            scaling.skipped_steps, scaling.steps, scaling.scaled_backwards > 0)
+        unjudged = None
+        if self.repeat_noise is not None and self.repeat_noise > NOT_REPEATABLE:
+            unjudged = (f"two baseline runs from the same state differ by {self.repeat_noise:.2g}: the step is not "
+                        "the same computation twice (a new batch per call, e.g. next(iterator)?); give it a fixed "
+                        "batch to compare numbers")
+        sensitivity = self.sensitivity.get(format_name)
+        tolerance = decide.tolerance(format_name, sensitivity, self.repeat_noise)
+        steps = self.request.steps
+        return decide.judge(format_name, relative_difference(run.update, baseline.update), tolerance,
+                            run.losses[:steps], baseline.losses[:steps], failure=failure, unjudged=unjudged)
+
+    # -- the result -------------------------------------------------------------------------------------------------
+
+    def result(self, interrupted: bool, restored: list[str], dynamo_was_loaded: bool) -> SpeedProbeResult:
+        baseline = self.baseline or OptionTrial("baseline", ())
+        singles_measured = list(self.singles)
+        best = decide.choose_best(singles_measured, self.combination)
+        run = self.baseline_run
+        notes = list(self.notes)
+        if run is not None and run.loss_note is None and all(loss is None for loss in run.losses):
+            notes.append(f"`{self.step_name}` returns no loss: agreement is judged on the parameter update alone "
+                         f"(return the loss to compare it over {self.request.steps} steps too)")
+        elif run is not None and run.loss_note is not None:
+            notes.append(f"{run.loss_note}: agreement is judged on the parameter update alone")
+        if self.compiled and dynamo_was_loaded:
+            notes.append("the probe's compiled code stays in torch.compile's cache (torch._dynamo.reset() frees it; "
+                         "your own compiled functions would then recompile)")
+        if len(baseline.times) < MIN_TIMED_STEPS and not interrupted:
+            notes.append(f"only {len(baseline.times)} timed steps")
+        return SpeedProbeResult(
+            step_name=self.step_name, device=str(self.setting.device),
+            batch_size=run.batch_size if run is not None else None, baseline=baseline, options=singles_measured,
+            combination=self.combination, best=best, launch=self._launch(baseline, run),
+            code_context=self._code_context(), repeatability=self.repeat_noise, steps=self.request.steps,
+            notes=notes, restored=[*restored, "RNG", "global flags"] if restored else ["RNG", "global flags"],
+            seconds=time.perf_counter() - self.started, interrupted=interrupted)
+
+    def _launch(self, baseline: OptionTrial, run: Run | None) -> LaunchProfile | None:
+        if run is None or baseline.seconds is None or not run.ops:
+            return None
+        device_type = self.setting.device_type
+        ops = int(run.ops.get(device_type, 0))
+        return LaunchProfile(device=str(self.setting.device), ops=ops, step_seconds=baseline.seconds,
+                             launch_bound=decide.launch_bound(device_type, ops, baseline.seconds))
+
+    def _code_context(self) -> CodeContext:
+        objects = self.setting.objects
+        model = objects.labels.get(id(objects.modules[0]), "model") if objects.modules else "model"
+        optimizer = objects.optimizers[0] if objects.optimizers else None
+        optimizer_name = objects.labels.get(id(optimizer), "opt") if optimizer is not None else "opt"
+        optimizer_class = f"torch.optim.{type(optimizer).__name__}" if optimizer is not None else "torch.optim.AdamW"
+        fused = any(f"{type(optimizer).__name__}: fused=True" in note for note in self.notes)
+        conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
+        return CodeContext(device_type=self.setting.device_type, model=model, optimizer=optimizer_name,
+                           optimizer_class=optimizer_class, fused=fused, conv_tf32_line=conv_line)

@@ -1,0 +1,354 @@
+"""Apply each `%speedprobe` option to the user's step without editing their code, and undo it.
+
+Every change is registered on an ExitStack as it is made, so closing the stack undoes exactly what was done,
+also when the step raised or Ctrl-C came half-way. What the undo cannot reach by itself (parameters converted
+to channels_last, optimizer param groups switched to fused, state a step created) the runner's StateSnapshot
+puts back bitwise afterwards; the process-wide switches (TF32, cudnn.benchmark) are `flags.GlobalFlags`'.
+
+Probe layer: torch is imported inside functions only; nothing here initialises CUDA (the device questions are
+asked only of a model that already lives on CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpu.batchprobe.state import TrainingObjects
+from jupyter_gpu.speedprobe.flags import enable_tf32, tf32_enabled
+
+# The convolutions channels_last changes (4-D weights); cudnn.benchmark also tunes 1-D/3-D ones and RNNs.
+_CONV_2D = ("Conv2d", "ConvTranspose2d", "LazyConv2d", "LazyConvTranspose2d")
+_CUDNN_MODULES = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+                  "RNN", "LSTM", "GRU")
+_DROPOUT_MODULES = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout")
+_MISSING = object()
+
+
+@dataclass
+class StepSetting:
+    """What the options are applied to: the user's training objects, where the model lives."""
+
+    torch: Any
+    objects: TrainingObjects
+    device: Any  # torch.device of the model's first parameter
+
+    @property
+    def device_type(self) -> str:
+        return str(self.device.type)
+
+    def module_classes(self) -> set[str]:
+        return {type(sub).__name__ for module in self.objects.modules for sub in module.modules()}
+
+    def has_dropout(self) -> bool:
+        if self.module_classes() & set(_DROPOUT_MODULES):
+            return True
+        return any(float(getattr(sub, "dropout", 0) or 0) > 0 for module in self.objects.modules
+                   for sub in module.modules() if type(sub).__name__ == "MultiheadAttention")
+
+    def parameter_dtypes(self) -> set[Any]:
+        return {param.dtype for module in self.objects.modules for param in module.parameters()}
+
+
+def why_not(name: str, setting: StepSetting) -> str | None:
+    """Why option `name` cannot apply to this step here, in words; None when it applies."""
+    torch = setting.torch
+    cuda = setting.device_type == "cuda"
+    modules = setting.objects.modules
+    needs_model = "no torch.nn.Module was found in the notebook or in what the step refers to"
+    if name in ("amp-bf16", "amp-fp16"):
+        if any(scaler.is_enabled() for scaler in setting.objects.scalers):
+            return "the step already uses a GradScaler (mixed precision)"
+        reduced = setting.parameter_dtypes() & {torch.float16, torch.bfloat16}
+        if reduced:
+            return f"the model's parameters are already {', '.join(sorted(str(d) for d in reduced))}"
+        if setting.device_type not in ("cuda", "cpu"):
+            return f"autocast is tried on CUDA and the CPU; this model is on {setting.device}"
+        if name == "amp-bf16" and cuda and not torch.cuda.is_bf16_supported():
+            return f"{torch.cuda.get_device_name(setting.device)} has no bfloat16 support"
+        return None
+    if name == "tf32":
+        if not cuda:
+            return f"TF32 is a format of NVIDIA GPUs (Ampere and newer); this step runs on {setting.device}"
+        major, minor = torch.cuda.get_device_capability(setting.device)
+        if major < 8:
+            return f"TF32 needs compute capability 8.0 (Ampere) or newer; this GPU is {major}.{minor}"
+        if tf32_enabled(torch):
+            return "TF32 is already on for matmuls and convolutions"
+        return None
+    if name == "cudnn-benchmark":
+        if not cuda:
+            return f"cudnn.benchmark tunes cuDNN's convolutions on CUDA; this step runs on {setting.device}"
+        if not setting.module_classes() & set(_CUDNN_MODULES):
+            return "the model has no convolutions or RNNs for cuDNN to tune"
+        if torch.backends.cudnn.benchmark:
+            return "torch.backends.cudnn.benchmark is already True"
+        return None
+    if name == "channels-last":
+        if not modules:
+            return needs_model
+        if not setting.module_classes() & set(_CONV_2D):
+            return "the model has no 2-D convolutions (channels_last is a layout for 4-D image tensors)"
+        if _all_channels_last(torch, modules):
+            return "the model's 4-D weights are already channels_last"
+        return None
+    if name == "fused-optimizer":
+        if not setting.objects.optimizers:
+            return "no torch.optim optimizer was found in the notebook or in what the step refers to"
+        reasons = [_optimizer_why_not(torch, optimizer) for optimizer in setting.objects.optimizers]
+        if all(reason is not None for reason in reasons):
+            return "; ".join(dict.fromkeys(reason for reason in reasons if reason is not None))
+        return None
+    if name in ("compile", "compile-reduce-overhead"):
+        if not modules:
+            return needs_model
+        if not hasattr(torch, "compile"):
+            return f"torch {torch.__version__} has no torch.compile"
+        if any(getattr(module, "_compiled_call_impl", None) is not None for module in modules):
+            return "the model is already compiled (model.compile())"
+        if any(type(module).__name__ == "OptimizedModule" for module in modules):
+            return "the model is already compiled (torch.compile(model))"
+        if name == "compile-reduce-overhead" and not cuda:
+            return f"reduce-overhead records CUDA graphs; this step runs on {setting.device}"
+        return None
+    raise ValueError(f"unknown option {name!r}")
+
+
+def _all_channels_last(torch: Any, modules: list[Any]) -> bool:
+    weights = [param for module in modules for param in module.parameters() if param.dim() == 4]
+    return bool(weights) and all(param.is_contiguous(memory_format=torch.channels_last)
+                                 and not param.is_contiguous() for param in weights)
+
+
+def _optimizer_why_not(torch: Any, optimizer: Any) -> str | None:
+    """Why this optimizer cannot be switched to a fused or foreach implementation, or None."""
+    kind = type(optimizer).__name__
+    if _fused_possible(torch, optimizer):
+        return None
+    if _takes(optimizer, "foreach") and not all(group.get("foreach") for group in optimizer.param_groups):
+        return None
+    if all(group.get("fused") for group in optimizer.param_groups):
+        return f"{kind} is already fused"
+    if all(group.get("foreach") for group in optimizer.param_groups):
+        return f"{kind} already uses foreach and has no fused implementation here"
+    return f"{kind} has neither a fused nor a foreach implementation"
+
+
+def _takes(optimizer: Any, argument: str) -> bool:
+    try:
+        return argument in inspect.signature(type(optimizer).__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _fused_possible(torch: Any, optimizer: Any) -> bool:
+    """The class takes fused=True, its groups are not fused yet, and every parameter is a floating tensor on a
+    device with fused kernels (torch's own check, done here so the switch does not fail inside the step)."""
+    if not _takes(optimizer, "fused") or all(group.get("fused") for group in optimizer.param_groups):
+        return False
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+        devices = set(_get_fused_kernels_supported_devices())
+    except ImportError:
+        devices = {"cuda"}
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    if any(group.get("differentiable") for group in optimizer.param_groups):
+        return False
+    return all(param.device.type in devices and torch.is_floating_point(param) for param in params)
+
+
+# -- applying -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Fp16Scaling:
+    """The GradScaler the amp-fp16 option adds: it scales the loss in `loss.backward()` and steps through
+    `scaler.step(optimizer)`, counting what the agreement check needs."""
+
+    scaler: Any
+    initial_scale: float
+    scaled_backwards: int = 0
+    steps: int = 0
+    skipped_steps: int = 0
+    inside_scaler: bool = False
+
+
+@dataclass
+class Applied:
+    """An applied configuration: `call(step)` runs one step under it; the stack undoes it."""
+
+    setting: StepSetting
+    names: tuple[str, ...]
+    stack: ExitStack
+    around_call: list[Callable[[], contextlib.AbstractContextManager[Any]]] = field(default_factory=list)
+    after_call: list[Callable[[], None]] = field(default_factory=list)
+    fp16: Fp16Scaling | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def call(self, step: Callable[[], Any]) -> Any:
+        with ExitStack() as per_call:
+            for make in self.around_call:
+                per_call.enter_context(make())
+            value = step()
+        for hook in self.after_call:
+            hook()
+        return value
+
+
+def apply(names: tuple[str, ...], setting: StepSetting, stack: ExitStack) -> Applied:
+    """Apply the options in `names` (already checked with `why_not`); every change is undone by `stack`."""
+    applied = Applied(setting, names, stack)
+    for name in names:
+        _APPLY[name](applied)
+    return applied
+
+
+def _amp(dtype_name: str) -> Callable[[Applied], None]:
+    def apply_amp(applied: Applied) -> None:
+        torch = applied.setting.torch
+        device_type = applied.setting.device_type
+        dtype = getattr(torch, dtype_name)
+        applied.around_call.append(lambda: torch.autocast(device_type, dtype=dtype))
+        if dtype_name == "float16":
+            _add_grad_scaler(applied)
+    return apply_amp
+
+
+def _add_grad_scaler(applied: Applied) -> None:
+    """Loss scaling without editing the step: `Tensor.backward` scales a scalar loss, each optimizer's `step`
+    goes through `scaler.step`, and `scaler.update()` runs after every call of the step."""
+    torch = applied.setting.torch
+    scaler = torch.amp.GradScaler(applied.setting.device_type)
+    scaling = Fp16Scaling(scaler, float(scaler.get_scale()))
+    applied.fp16 = scaling
+    original_backward = torch.Tensor.backward
+
+    def scaled_backward(tensor: Any, gradient: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if gradient is None and tensor.numel() == 1 and tensor.is_floating_point():
+            scaling.scaled_backwards += 1
+            return original_backward(scaler.scale(tensor), None, *args, **kwargs)
+        return original_backward(tensor, gradient, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def patched_backward() -> Iterator[None]:
+        torch.Tensor.backward = scaled_backward
+        try:
+            yield
+        finally:
+            torch.Tensor.backward = original_backward
+
+    applied.around_call.append(patched_backward)
+    for optimizer in applied.setting.objects.optimizers:
+        _route_step_through_scaler(applied, optimizer, scaling)
+    steps_seen = [0]
+
+    def update() -> None:
+        # Once per call of the step, and only after a scaler.step (update() asserts an inf check was recorded).
+        if scaling.steps > steps_seen[0]:
+            steps_seen[0] = scaling.steps
+            scaler.update()
+
+    applied.after_call.append(update)
+
+
+def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Scaling) -> None:
+    # An LR scheduler has already put its own wrapper on the instance: keep it and put it back afterwards.
+    previous = optimizer.__dict__.get("step", _MISSING)
+    inner_step = optimizer.step
+
+    def step_through_scaler(*args: Any, **kwargs: Any) -> Any:
+        if scaling.inside_scaler or not scaling.scaled_backwards:
+            return inner_step(*args, **kwargs)  # GradScaler.step calling back in, or nothing was scaled
+        scaling.inside_scaler = True
+        try:
+            scaling.steps += 1
+            outcome = scaling.scaler.step(optimizer, *args, **kwargs)
+        finally:
+            scaling.inside_scaler = False
+        state = scaling.scaler._per_optimizer_states.get(id(optimizer), {})
+        if sum(float(found.item()) for found in state.get("found_inf_per_device", {}).values()):
+            scaling.skipped_steps += 1
+        return outcome
+
+    optimizer.step = step_through_scaler
+    applied.stack.callback(_put_back_attribute, optimizer, "step", previous)
+
+
+def _put_back_attribute(owner: Any, name: str, previous: Any) -> None:
+    if previous is _MISSING:
+        owner.__dict__.pop(name, None)
+    else:
+        owner.__dict__[name] = previous
+
+
+def _tf32(applied: Applied) -> None:
+    enable_tf32(applied.setting.torch)  # GlobalFlags, taken by the runner, puts the old values back
+
+
+def _cudnn_benchmark(applied: Applied) -> None:
+    applied.setting.torch.backends.cudnn.benchmark = True
+
+
+def _channels_last(applied: Applied) -> None:
+    # The parameter objects stay (Module.to swaps their data); the snapshot restores their layout and bytes.
+    torch = applied.setting.torch
+    for module in applied.setting.objects.modules:
+        module.to(memory_format=torch.channels_last)
+
+
+def _fused_optimizer(applied: Applied) -> None:
+    torch = applied.setting.torch
+    for optimizer in applied.setting.objects.optimizers:
+        if _fused_possible(torch, optimizer):
+            for group in optimizer.param_groups:
+                group["fused"], group["foreach"] = True, False
+            _move_steps_to_parameters(optimizer)
+            applied.notes.append(f"{type(optimizer).__name__}: fused=True")
+        elif _takes(optimizer, "foreach") and not all(group.get("foreach") for group in optimizer.param_groups):
+            for group in optimizer.param_groups:
+                group["foreach"] = True
+            applied.notes.append(f"{type(optimizer).__name__}: foreach=True")
+
+
+def _move_steps_to_parameters(optimizer: Any) -> None:
+    """Fused kernels keep the step count as a float32 tensor on the parameter's device (what load_state_dict
+    does for fused=True); a count left on the CPU by earlier non-fused steps would fail the fused step. The
+    snapshot gives the entries their original tensors back."""
+    import torch
+
+    for param, state in optimizer.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor) and step.device != param.device:
+            state["step"] = step.to(device=param.device, dtype=torch.float32)
+
+
+def _compile(mode: str | None) -> Callable[[Applied], None]:
+    def apply_compile(applied: Applied) -> None:
+        if applied.setting.has_dropout():
+            # Inductor draws its own random numbers; with this, dropout uses eager's generator, so the compiled
+            # step draws the same masks as the baseline and the updates can be compared.
+            import torch._inductor.config as inductor_config
+
+            applied.stack.enter_context(inductor_config.patch(fallback_random=True))
+            applied.notes.append("compiled with torch._inductor.config.fallback_random=True so dropout draws the "
+                                 "baseline's masks; timing is slightly conservative")
+        for module in applied.setting.objects.modules:
+            previous = module.__dict__.get("_compiled_call_impl", _MISSING)
+            module.compile(**({"mode": mode} if mode else {}))
+            applied.stack.callback(_put_back_attribute, module, "_compiled_call_impl", previous)
+    return apply_compile
+
+
+_APPLY: dict[str, Callable[[Applied], None]] = {
+    "amp-bf16": _amp("bfloat16"),
+    "amp-fp16": _amp("float16"),
+    "tf32": _tf32,
+    "cudnn-benchmark": _cudnn_benchmark,
+    "channels-last": _channels_last,
+    "fused-optimizer": _fused_optimizer,
+    "compile": _compile(None),
+    "compile-reduce-overhead": _compile("reduce-overhead"),
+}

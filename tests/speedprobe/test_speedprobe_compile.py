@@ -1,0 +1,40 @@
+"""`torch.compile` as a `%speedprobe` option, for real on the CPU (inductor's C++ backend): compile time apart from
+the step time, the compiled step's numbers judged against eager's, and the model uncompiled afterwards.
+
+One test: the first compile in a process costs 10-30 s here, most of it once for all."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from training_steps import Training, assert_same_state, state_of
+
+from jupyter_gpu.speedprobe.runner import probe_speed
+
+
+def test_compile_is_timed_apart_judged_against_eager_and_undone() -> None:
+    torch.manual_seed(0)
+    # Dropout: inductor draws its own random numbers, so agreement needs the probe to keep eager's masks.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
+        loss.backward()
+        opt.step()
+        return loss
+
+    training = Training(model, opt, step)
+    before = state_of(training)
+    result = probe_speed(step, options=("compile",), steps=4, namespace=training.namespace())
+    assert_same_state(before, state_of(training))
+    assert model._compiled_call_impl is None  # the model runs eagerly again
+    compiled = result.option("compile")
+    assert compiled.error is None, compiled.error
+    assert compiled.compile_seconds is not None and compiled.compile_seconds > 0
+    assert len(compiled.times) >= 5 and compiled.speedup is not None
+    assert compiled.agrees is True, compiled.agreement
+    assert compiled.agreement.update_rel_l2 < 1e-3  # float32 reordering, the same dropout masks
+    assert any("fallback_random" in note for note in result.notes)

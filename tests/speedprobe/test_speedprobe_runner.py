@@ -1,0 +1,243 @@
+"""`probe_speed` on real training steps on the CPU: bf16 and fp16 autocast, channels_last and fused/foreach
+optimizers really run; each is timed, judged for agreement, and undone bitwise; the CUDA-only options are skipped
+with their reason."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from training_steps import (
+    Training,
+    assert_same_state,
+    convnet_with_sgd,
+    mlp_with_adam,
+    overflowing_in_fp16,
+    state_of,
+    tiny_mlp,
+)
+
+from jupyter_gpu.speedprobe.runner import SpeedProbeError, probe_speed, run_speedprobe
+from jupyter_gpu.speedprobe.runner import SpeedProbeRequest as Request
+
+CPU_OPTIONS = ("amp-bf16", "amp-fp16", "channels-last", "fused-optimizer")
+
+
+def probe(training: Training, options: tuple[str, ...] | None = None, steps: int = 3):
+    return probe_speed(training.step, options=options, steps=steps, namespace=training.namespace())
+
+
+def warmed_up(training: Training, steps: int = 2) -> Training:
+    """A model that has trained a little: optimizer moments, gradients and the scheduler's count exist."""
+    for _ in range(steps):
+        training.step()
+    return training
+
+
+def test_every_cpu_option_runs_is_judged_and_is_undone_bitwise() -> None:
+    training = warmed_up(convnet_with_sgd())
+    torch.backends.cudnn.benchmark = False
+    before = state_of(training)
+    result = probe(training, CPU_OPTIONS)
+    assert_same_state(before, state_of(training))
+    assert torch.backends.cudnn.benchmark is False
+    assert [trial.name for trial in result.options] == list(CPU_OPTIONS)
+    for trial in result.options:
+        assert trial.skipped is None and trial.error is None, trial
+        assert len(trial.times) >= 5 and trial.speedup is not None and trial.speedup > 0
+        assert trial.agrees is True, (trial.name, trial.agreement)
+    exact = {trial.name: trial.agreement for trial in result.options if trial.name in ("channels-last",
+                                                                                        "fused-optimizer")}
+    assert all(agreement.update_rel_l2 < 1e-3 for agreement in exact.values()), exact
+    assert result.batch_size == 8
+    assert result.baseline_seconds is not None and len(result.baseline.times) >= 10  # two baseline runs
+    assert result.repeatability == 0.0  # the same state and RNG: the same computation, bit for bit
+    assert set(result.restored) >= {"model", "opt", "scheduler", "RNG", "global flags"}
+
+
+def test_every_configuration_starts_from_the_users_weights() -> None:
+    training = mlp_with_adam()
+    first_weight = training.model[0].weight
+    start = first_weight.detach().clone()
+    seen_start = []
+    inner = training.step
+
+    def step() -> torch.Tensor:
+        seen_start.append(torch.equal(first_weight.detach(), start))
+        return inner()
+
+    training.step = step
+    result = probe(training, ("amp-bf16", "fused-optimizer"))
+    measured = 2 + sum(trial.measured for trial in result.options) + (result.combination is not None)
+    # One call per configuration sees the starting weights: its first; the later ones see trained weights.
+    assert sum(seen_start) == measured
+
+
+def test_skipped_options_say_why_on_the_cpu() -> None:
+    result = probe(mlp_with_adam())
+    reasons = {trial.name: trial.skipped for trial in result.options}
+    assert "NVIDIA GPUs" in reasons["tf32"]
+    assert "CUDA" in reasons["cudnn-benchmark"]
+    assert "CUDA graphs" in reasons["compile-reduce-overhead"]
+    assert "no 2-D convolutions" in reasons["channels-last"]
+    for name in ("tf32", "cudnn-benchmark", "channels-last", "compile-reduce-overhead"):
+        trial = result.option(name)
+        assert trial.speedup is None and trial.agrees is None and not trial.times
+
+
+def test_fp16_that_overflows_is_faster_but_wrong_and_never_recommended() -> None:
+    training = overflowing_in_fp16()
+    before = state_of(training)
+    result = probe(training, ("amp-bf16", "amp-fp16"), steps=6)
+    assert_same_state(before, state_of(training))
+    fp16 = result.option("amp-fp16")
+    assert fp16.agrees is False
+    assert "GradScaler" in fp16.agreement.failure and "collapsed" in fp16.agreement.failure
+    assert result.option("amp-bf16").agrees is True  # bfloat16 has float32's range
+    assert result.best is None or result.best.name != "amp-fp16"
+    assert result.combination is None or "amp-fp16" not in result.combination.members
+
+
+def test_fp16_without_the_scaler_is_a_failure() -> None:
+    # The step calls torch.autograd.backward, not loss.backward(): the probe's GradScaler never scales the loss.
+    training = mlp_with_adam()
+    model, opt = training.model, training.opt
+
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(torch.randn(32, 16)), torch.randint(0, 4, (32,)))
+        torch.autograd.backward(loss)
+        opt.step()
+        return loss
+
+    result = probe_speed(step, options=("amp-fp16",), steps=3, namespace=training.namespace())
+    assert result.option("amp-fp16").agrees is False
+    assert "without a scaler" in result.option("amp-fp16").agreement.failure
+
+
+def test_an_option_the_step_fails_under_is_reported_and_undone() -> None:
+    training = warmed_up(mlp_with_adam())
+    inner = training.step
+
+    def step() -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            raise ValueError("this model refuses autocast")
+        return inner()
+
+    training.step = step
+    before = state_of(training)
+    result = probe(training, ("amp-bf16", "fused-optimizer"))
+    assert_same_state(before, state_of(training))
+    failed = result.option("amp-bf16")
+    assert failed.error == "ValueError: this model refuses autocast" and failed.speedup is None
+    assert result.option("fused-optimizer").error is None
+
+
+def test_a_step_that_fails_at_once_is_one_sentence_and_changes_nothing() -> None:
+    training = warmed_up(mlp_with_adam())
+    inner = training.step
+    calls = []
+
+    def step() -> torch.Tensor:
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("shapes do not match")
+        return inner()
+
+    training.step = step
+    before = state_of(training)
+    with pytest.raises(SpeedProbeError, match=r"raised RuntimeError: shapes do not match \(everything it changed"):
+        probe(training)
+    assert_same_state(before, state_of(training))
+
+
+def test_ctrl_c_keeps_what_was_measured_and_puts_everything_back() -> None:
+    training = warmed_up(mlp_with_adam())
+    inner = training.step
+    calls = []
+
+    def step() -> torch.Tensor:
+        calls.append(1)
+        if torch.is_autocast_enabled("cpu") and len(calls) > 20:
+            raise KeyboardInterrupt
+        return inner()
+
+    training.step = step
+    before = state_of(training)
+    result = run_speedprobe(step, Request(options=("amp-bf16", "fused-optimizer"), steps=3),
+                            namespace=training.namespace())
+    assert_same_state(before, state_of(training))
+    assert result.interrupted and result.baseline_seconds is not None
+    with pytest.raises(KeyboardInterrupt):
+        probe_speed(step, options=("amp-bf16",), steps=3, namespace=training.namespace())
+    assert_same_state(before, state_of(training))
+
+
+def test_a_step_that_is_not_the_same_computation_twice_is_not_judged() -> None:
+    training = mlp_with_adam()
+    model, opt = training.model, training.opt
+    batches = iter([(torch.randn(32, 16), torch.randint(0, 4, (32,))) for _ in range(200)])
+
+    def step() -> torch.Tensor:  # a new batch from an iterator each call, which no snapshot rewinds
+        x, y = next(batches)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace=training.namespace())
+    assert result.repeatability is not None and result.repeatability > 0.05
+    fused = result.option("fused-optimizer")
+    assert fused.agrees is None and "not the same computation twice" in fused.agreement.note
+    assert result.best is None  # an unjudged option is never recommended
+
+
+def test_a_tiny_mlp_at_batch_one_is_overhead_bound_and_a_wide_one_is_not() -> None:
+    tiny = probe(tiny_mlp(batch=1), ("fused-optimizer",))
+    assert tiny.launch is not None and tiny.launch.launch_bound, tiny.launch
+    assert tiny.launch.ops >= 20
+    wide = probe(mlp_with_adam(width=512, batch=256), ("fused-optimizer",))
+    assert wide.launch is not None and not wide.launch.launch_bound, wide.launch
+
+
+def test_the_loss_is_compared_over_the_steps() -> None:
+    result = probe(mlp_with_adam(), ("amp-bf16",), steps=8)
+    agreement = result.option("amp-bf16").agreement
+    assert agreement.steps == 8 and agreement.loss_drift is not None and agreement.loss_drift < 0.01
+    assert agreement.update_rel_l2 is not None and math.isfinite(agreement.update_rel_l2)
+    assert agreement.tolerance is not None and agreement.tolerance >= 2 ** -8
+
+
+def test_a_step_that_returns_nothing_is_judged_on_the_update() -> None:
+    training = mlp_with_adam()
+    inner = training.step
+
+    def step() -> None:
+        inner()
+
+    result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace=training.namespace())
+    agreement = result.option("fused-optimizer").agreement
+    assert agreement.steps == 0 and agreement.agrees is True
+    assert any("returns no loss" in note for note in result.notes)
+
+
+@pytest.mark.parametrize(("step", "message"), [
+    (42, "not a function"),
+])
+def test_bad_input_is_one_sentence(step, message) -> None:
+    training = mlp_with_adam()
+    with pytest.raises(SpeedProbeError, match=message):
+        probe_speed(step, namespace=training.namespace())
+
+
+def test_unknown_options_and_no_model_are_one_sentence() -> None:
+    training = mlp_with_adam()
+    with pytest.raises(SpeedProbeError, match="unknown option 'amp'; choose from amp-bf16"):
+        probe_speed(training.step, options=("amp",), namespace=training.namespace())
+    with pytest.raises(SpeedProbeError, match="no model or optimizer was found"):
+        probe_speed(lambda: None, namespace={})
+    with pytest.raises(SpeedProbeError, match="--steps must be at least 1"):
+        probe_speed(training.step, steps=0, namespace=training.namespace())
