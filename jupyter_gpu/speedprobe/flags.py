@@ -9,15 +9,17 @@ on an older torch the old flags are. Nothing here initialises CUDA: these are ho
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 # (path under torch.backends, attribute) of the new-style settings; the generic ones come first on restore,
 # because setting a parent after its children would overwrite them.
-_PRECISION_SETTINGS = (("", "fp32_precision"), ("cuda.matmul", "fp32_precision"), ("cudnn", "fp32_precision"),
-                       ("cudnn.conv", "fp32_precision"), ("cudnn.rnn", "fp32_precision"),
-                       ("mkldnn", "fp32_precision"))
+# torch.set_float32_matmul_precision (which a step may call) sets mkldnn.matmul's as well as cuda.matmul's.
+_PRECISION_SETTINGS = tuple((path, "fp32_precision") for path in (
+    "", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn"))
 _CUDNN_SWITCHES = ("benchmark", "deterministic", "enabled")
+_UNREADABLE = object()
 
 
 def _backend(torch: Any, path: str) -> Any:
@@ -65,15 +67,20 @@ class GlobalFlags:
 
     @classmethod
     def take(cls, torch: Any) -> GlobalFlags:
+        # float32_matmul_precision is state of its own beside the new settings; set first on restore, since
+        # setting it rewrites the matmul settings, which are then set back one by one.
+        precision: list[tuple[str, str, Any]] = []
+        # Unreadable once the new API set TF32 on; the settings below carry it then.
+        with contextlib.suppress(RuntimeError):
+            precision.append(("", "float32_matmul_precision", torch.get_float32_matmul_precision()))
         if new_precision_api(torch):
             settings = [(path, name) for path, name in _PRECISION_SETTINGS if hasattr(_backend(torch, path), name)]
-            precision = tuple((path, name, getattr(_backend(torch, path), name)) for path, name in settings)
+            precision += [(path, name, getattr(_backend(torch, path), name)) for path, name in settings]
         else:
-            precision = (("cuda.matmul", "allow_tf32", torch.backends.cuda.matmul.allow_tf32),
-                         ("cudnn", "allow_tf32", torch.backends.cudnn.allow_tf32),
-                         ("", "float32_matmul_precision", torch.get_float32_matmul_precision()))
+            precision += [("cuda.matmul", "allow_tf32", torch.backends.cuda.matmul.allow_tf32),
+                          ("cudnn", "allow_tf32", torch.backends.cudnn.allow_tf32)]
         cudnn = tuple((name, getattr(torch.backends.cudnn, name)) for name in _CUDNN_SWITCHES)
-        return cls(precision, cudnn)
+        return cls(tuple(precision), cudnn)
 
     def restore(self, torch: Any) -> None:
         for path, name, value in self.precision:
@@ -87,8 +94,9 @@ class GlobalFlags:
     def differences(self, torch: Any) -> list[str]:
         """The switches whose value now differs from the one taken (empty when all are back)."""
         now = GlobalFlags.take(torch)
-        changed = [f"{path + '.' if path else ''}{name}" for (path, name, value), (_, _, current)
-                   in zip(self.precision, now.precision, strict=True) if value != current]
-        changed += [f"cudnn.{name}" for (name, value), (_, current) in zip(self.cudnn, now.cudnn, strict=True)
-                    if value != current]
+        current = {(path, name): value for path, name, value in now.precision}
+        changed = [f"{path + '.' if path else ''}{name}" for path, name, value in self.precision
+                   if current.get((path, name), _UNREADABLE) != value]
+        changed += [f"cudnn.{name}" for (name, value), (_, current_value) in zip(self.cudnn, now.cudnn, strict=True)
+                    if value != current_value]
         return changed

@@ -10,6 +10,7 @@ generators restored, the same batch), and the baseline runs first, so it also pa
 from __future__ import annotations
 
 import gc
+import inspect
 import statistics
 import sys
 import time
@@ -71,9 +72,7 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         raise SpeedProbeError("%speedprobe needs PyTorch, and torch is not installed in this kernel.") from None
     request = request or SpeedProbeRequest()
     name = step_name or getattr(step, "__name__", None) or type(step).__name__
-    if not callable(step):
-        raise SpeedProbeError(f"`{name}` is a {type(step).__name__}, not a function; it must be callable as "
-                              f"{name}() and run one training step.")
+    _check_step(torch, step, name)
     if request.steps < 1:
         raise SpeedProbeError(f"--steps must be at least 1, not {request.steps}")
     unknown = [option for option in request.options or () if option not in BY_NAME]
@@ -104,6 +103,26 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
             torch._dynamo.reset()
         gc.collect()
     return probe.result(interrupted, objects.names(), dynamo_was_loaded)
+
+
+def _check_step(torch: Any, step: Any, name: str) -> None:
+    """A zero-argument callable that is not the model itself, or one sentence saying what to write instead."""
+    if isinstance(step, torch.nn.Module | torch.optim.Optimizer):
+        raise SpeedProbeError(f"`{name}` is a {type(step).__name__}, not a function that runs a training step; "
+                              "define def train_step(): ... (batch, forward, loss, backward, optimizer step).")
+    if not callable(step):
+        raise SpeedProbeError(f"`{name}` is a {type(step).__name__}, not a function; it must be callable as "
+                              f"{name}() and run one training step.")
+    try:
+        required = [parameter.name for parameter in inspect.signature(step).parameters.values()
+                    if parameter.default is parameter.empty
+                    and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD,
+                                           parameter.KEYWORD_ONLY)]
+    except (TypeError, ValueError):  # a builtin without a signature: let the call say
+        return
+    if required:
+        raise SpeedProbeError(f"`{name}` takes {', '.join(required)}, and %speedprobe calls it with no arguments; "
+                              f"wrap it with its own batch, e.g. def step(): return {name}(batch).")
 
 
 def _silent(_: str) -> None:

@@ -12,6 +12,7 @@ asked only of a model that already lives on CUDA).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -259,6 +260,9 @@ def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Sc
     previous = optimizer.__dict__.get("step", _MISSING)
     inner_step = optimizer.step
 
+    # wraps() carries the scheduler wrapper's marker over: without it the scheduler warns that optimizer.step
+    # "has been overridden after learning rate scheduler initialization".
+    @functools.wraps(inner_step)
     def step_through_scaler(*args: Any, **kwargs: Any) -> Any:
         if scaling.inside_scaler or not scaling.scaled_backwards:
             return inner_step(*args, **kwargs)  # GradScaler.step calling back in, or nothing was scaled
