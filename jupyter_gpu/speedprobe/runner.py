@@ -32,6 +32,8 @@ DEFAULT_STEPS = 20
 # Two baseline runs from the same state whose first updates differ by more than this are not the same
 # computation: the step takes a new batch per call (next(iterator)) or draws from a generator we do not restore.
 NOT_REPEATABLE = 0.05
+# The baseline at the start and at the end differing by more than this factor: the machine's speed changed.
+BASELINE_DRIFT = 1.25
 
 Progress = Callable[[str], None]
 
@@ -78,15 +80,20 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     unknown = [option for option in request.options or () if option not in BY_NAME]
     if unknown:
         raise SpeedProbeError(f"unknown option {unknown[0]!r}; choose from {', '.join(OPTION_NAMES)}")
-    objects = find_training_objects(namespace or {}, step)
+    # Everything in the notebook is protected (a step may touch more than it names), but the options apply only
+    # to what the step itself reaches: compiling or converting another model in the notebook would time nothing.
+    protected = find_training_objects(namespace or {}, step)
+    objects = find_training_objects({}, step)
+    if not objects.modules and not objects.optimizers:
+        objects = protected
     if not objects.modules and not objects.optimizers:
         raise SpeedProbeError(f"no model or optimizer was found in the notebook or in what `{name}` refers to; "
                               "define them as notebook variables (model = ..., opt = ...) so they can be put back "
                               "after each trial.")
     setting = StepSetting(torch, objects, objects.device() or torch.device("cpu"))
-    snapshot = StateSnapshot.take(objects)
+    snapshot = StateSnapshot.take(protected if protected.objects() else objects)
     flags = GlobalFlags.take(torch)
-    dynamo_was_loaded = "torch._dynamo" in sys.modules
+    user_compiled = _user_compiled_code()
     probe = _Probe(step, name, setting, request, snapshot, flags, progress)
     interrupted = False
     try:
@@ -97,12 +104,8 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         probe.ticker.stop()
         probe.put_back()
         (progress or _silent)("")
-        if probe.compiled and not dynamo_was_loaded:
-            # Nothing of the user's was compiled before: dropping the probe's graphs (and CUDA graph pools) loses
-            # nothing of theirs and keeps torch.compile's recompile limit for their own code.
-            torch._dynamo.reset()
         gc.collect()
-    return probe.result(interrupted, objects.names(), dynamo_was_loaded)
+    return probe.result(interrupted, (protected if protected.objects() else objects).names(), user_compiled)
 
 
 def _check_step(torch: Any, step: Any, name: str) -> None:
@@ -123,6 +126,27 @@ def _check_step(torch: Any, step: Any, name: str) -> None:
     if required:
         raise SpeedProbeError(f"`{name}` takes {', '.join(required)}, and %speedprobe calls it with no arguments; "
                               f"wrap it with its own batch, e.g. def step(): return {name}(batch).")
+
+
+def _user_compiled_code() -> bool:
+    """Whether torch.compile has compiled anything in this process yet (the probe's resets then reach it too)."""
+    if "torch._dynamo" not in sys.modules:
+        return False
+    try:
+        from torch._dynamo.convert_frame import input_codes
+        return bool(input_codes.seen)
+    except (ImportError, AttributeError):
+        return True
+
+
+def reset_compiled_code(torch: Any) -> None:
+    """Drop every compiled graph (and CUDA graph pool) after a compiled trial.
+
+    Otherwise each trial's graphs stay cached on `Module._call_impl`, the code object every compiled module shares,
+    and after a few trials torch.compile hits its recompile limit: later trials, and the user's own compiled model,
+    would silently run eagerly. A reset costs the user's own compiled code one recompilation, no more.
+    """
+    torch._dynamo.reset()
 
 
 def _silent(_: str) -> None:
@@ -147,7 +171,7 @@ class _Probe:
         self.baseline: OptionTrial | None = None
         self.repeat_noise: float | None = None
         self.sensitivity: dict[str, float | None] = {}
-        self.singles: list[OptionTrial] = []
+        self.single_runs: list[tuple[str, str | None, Run | None]] = []
         self.combination: OptionTrial | None = None
         self.compiled = False
         self.notes: list[str] = []
@@ -160,9 +184,7 @@ class _Probe:
         if first.error is not None:
             raise SpeedProbeError(f"`{self.step_name}` raised {first.error} (everything it changed was put back)")
         self.baseline_run = first
-        second = self._measure((), "baseline (2 of 2)")
-        self.repeat_noise = relative_difference(second.update, first.update)
-        self.baseline = self._trial("baseline", (), first, extra_times=second.times)
+        self.baseline = self._trial("baseline", (), first)
         applicable = [option for option, reason in planned if reason is None]
         for format_name in dict.fromkeys(BY_NAME[option].format for option in applicable):
             self.ticker.resume(f"speedprobe {self.step_name}: how {format_name} rounding alone moves the update")
@@ -170,27 +192,46 @@ class _Probe:
                                                                 first.update)
             self.put_back()
         for count, (option, reason) in enumerate(planned, 1):
-            if reason is not None:
-                self.singles.append(OptionTrial(option, (option,), skipped=reason))
-                continue
-            run = self._measure((option,), f"{option} ({count} of {len(planned)})")
-            self.singles.append(self._trial(option, (option,), run))
-        members = decide.combination_members(self.singles)
+            run = None if reason is not None else self._measure((option,), f"{option} ({count} of {len(planned)})")
+            self.single_runs.append((option, reason, run))
+        # The baseline again, after the options: a machine that slowed down or sped up meanwhile shows as a
+        # difference between the two, and the pooled baseline favours neither the early nor the late options.
+        second = self._measure((), "baseline again (2 of 2)")
+        self.repeat_noise = relative_difference(second.update, first.update)
+        self.baseline = self._trial("baseline", (), first, extra_times=second.times)
+        self._note_drift(first, second)
+        members = decide.combination_members(self.singles())
         if len(members) >= 2:
             run = self._measure(members, "the combination")
             self.combination = self._trial("+".join(members), members, run)
+
+    def singles(self) -> list[OptionTrial]:
+        return [OptionTrial(option, (option,), skipped=reason) if run is None else self._trial(option, (option,), run)
+                for option, reason, run in self.single_runs]
+
+    def _note_drift(self, first: Run, second: Run) -> None:
+        if not first.times or not second.times:
+            return
+        start, end = statistics.median(first.times), statistics.median(second.times)
+        if max(start, end) > BASELINE_DRIFT * min(start, end):
+            self.notes.append(f"the machine's speed changed while the probe ran: the baseline step took "
+                              f"{format_seconds(start)} at the start and {format_seconds(end)} at the end, so the "
+                              "speed-ups are uncertain by about that much (other work on this machine?)")
 
     def _plan(self) -> list[tuple[str, str | None]]:
         names = self.request.options or OPTION_NAMES
         return [(option, why_not(option, self.setting)) for option in OPTION_NAMES if option in names]
 
     def _measure(self, names: tuple[str, ...], label: str, want_batch_size: bool = False) -> Run:
-        self.compiled = self.compiled or any(name.startswith("compile") for name in names)
+        compiled = any(name.startswith("compile") for name in names)
+        self.compiled = self.compiled or compiled
         try:
             return self.runner.run(names, self.request.steps, label, want_batch_size=want_batch_size)
         finally:
             self.ticker.pause()
             self.put_back()
+            if compiled:
+                reset_compiled_code(self.setting.torch)
 
     def put_back(self) -> None:
         self.snapshot.restore()
@@ -200,8 +241,6 @@ class _Probe:
 
     def _trial(self, name: str, members: tuple[str, ...], run: Run, extra_times: Sequence[float] = ()) -> OptionTrial:
         times = [*run.times, *extra_times]
-        for note in run.notes:
-            self.notes.append(f"{name}: {note}")
         seconds = statistics.median(times) if times else None
         baseline_seconds = self.baseline.seconds if self.baseline is not None else seconds
         speedup = baseline_seconds / seconds if seconds and baseline_seconds and run.error is None else None
@@ -240,20 +279,23 @@ class _Probe:
 
     # -- the result -------------------------------------------------------------------------------------------------
 
-    def result(self, interrupted: bool, restored: list[str], dynamo_was_loaded: bool) -> SpeedProbeResult:
+    def result(self, interrupted: bool, restored: list[str], user_compiled: bool) -> SpeedProbeResult:
         baseline = self.baseline or OptionTrial("baseline", ())
-        singles_measured = list(self.singles)
+        singles_measured = self.singles()
         best = decide.choose_best(singles_measured, self.combination)
         run = self.baseline_run
-        notes = list(self.notes)
+        notes = [f"{option}: {note}" for option, _, single in self.single_runs if single is not None
+                 for note in single.notes]
+        notes += self.notes
         if run is not None and run.loss_note is None and all(loss is None for loss in run.losses):
             notes.append(f"`{self.step_name}` returns no loss: agreement is judged on the parameter update alone "
                          f"(return the loss to compare it over {self.request.steps} steps too)")
         elif run is not None and run.loss_note is not None:
             notes.append(f"{run.loss_note}: agreement is judged on the parameter update alone")
-        if self.compiled and dynamo_was_loaded:
-            notes.append("the probe's compiled code stays in torch.compile's cache (torch._dynamo.reset() frees it; "
-                         "your own compiled functions would then recompile)")
+        if self.compiled and user_compiled:
+            notes.append("torch.compile's caches were reset after each compiled trial (torch._dynamo.reset()), so "
+                         "the trials do not use up the recompile limit of your own compiled code; it recompiles on "
+                         "its next call")
         if len(baseline.times) < MIN_TIMED_STEPS and not interrupted:
             notes.append(f"only {len(baseline.times)} timed steps")
         return SpeedProbeResult(
@@ -278,7 +320,8 @@ class _Probe:
         optimizer = objects.optimizers[0] if objects.optimizers else None
         optimizer_name = objects.labels.get(id(optimizer), "opt") if optimizer is not None else "opt"
         optimizer_class = f"torch.optim.{type(optimizer).__name__}" if optimizer is not None else "torch.optim.AdamW"
-        fused = any(f"{type(optimizer).__name__}: fused=True" in note for note in self.notes)
+        fused = any(f"{type(optimizer).__name__}: fused=True" in note for _, _, run in self.single_runs
+                    if run is not None for note in run.notes)
         conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
         return CodeContext(device_type=self.setting.device_type, model=model, optimizer=optimizer_name,
                            optimizer_class=optimizer_class, fused=fused, conv_tf32_line=conv_line)

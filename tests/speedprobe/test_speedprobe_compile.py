@@ -33,7 +33,8 @@ def test_compile_is_timed_apart_judged_against_eager_and_undone() -> None:
     assert model._compiled_call_impl is None  # the model runs eagerly again
     compiled = result.option("compile")
     assert compiled.error is None, compiled.error
-    assert compiled.compile_seconds is not None and compiled.compile_seconds > 0
+    # Compilation is timed apart: two untimed warm-up calls (inductor's on-disk cache can make them quick).
+    assert len(compiled.warmup_seconds) == 2 and compiled.compile_seconds is not None
     assert len(compiled.times) >= 5 and compiled.speedup is not None
     assert compiled.agrees is True, compiled.agreement
     assert compiled.agreement.update_rel_l2 < 1e-3  # float32 reordering, the same dropout masks
