@@ -48,10 +48,12 @@ def headline(result: DataProbeResult) -> str:
         return text
     if result.verdict == "compute-bound":
         return (f"{start}compute-bound: the loader keeps up (the step waited {waited:.0%} of the loop); the step is "
-                "the bottleneck: time it with %%gputime rather than tuning the loader")
+                "the bottleneck: time it with %%gputime and speed it up with %speedprobe rather than tuning "
+                "the loader")
     gain = f" (a perfect loader would make it {speedup:.1f}x faster)" if speedup is not None else ""
     return (f"{start}balanced: the step waited for data {waited:.0%} of the loop{gain}; both matter: a faster "
-            "loader and a faster step (time it with %%gputime) would each help")
+            "loader and a faster step (time it with %%gputime, speed it up with %speedprobe) would each "
+            "help")
 
 
 def _loader_alone_headline(result: DataProbeResult) -> str:
@@ -83,7 +85,8 @@ def recommendation_rows(result: DataProbeResult) -> list[tuple[str, str]]:
     chosen = result.recommended_settings
     if result.verdict == "compute-bound":
         rows.append(("loader tuning", "will not help: the loader already keeps up with the step, so the step is "
-                                      "the bottleneck; time it with %%gputime"))
+                                      "the bottleneck; time it with %%gputime and speed it up with "
+                                      "%speedprobe"))
         if chosen is not None and chosen == result.current:
             rows.append(("recommended", f"keep your setting ({chosen.label()})"))
             return rows

@@ -144,11 +144,11 @@ def test_input_bound_headline_gives_the_wait_and_what_a_perfect_loader_buys() ->
 def test_compute_bound_headline_points_at_gputime_not_the_loader() -> None:
     result = compute_bound()
     assert headline(result) == ("dataprobe train_loader: compute-bound: the loader keeps up (the step waited 3% of "
-                                "the loop); the step is the bottleneck: time it with %%gputime rather than tuning "
-                                "the loader")
+                                "the loop); the step is the bottleneck: time it with %%gputime and speed it up with "
+                                "%speedprobe rather than tuning the loader")
     rows = recommendation_rows(result)
     assert [heading for heading, _ in rows] == ["loader tuning"]  # no "none" recommendation to puzzle over
-    assert "will not help" in rows[0][1] and "%%gputime" in rows[0][1]
+    assert "will not help" in rows[0][1] and "%%gputime" in rows[0][1] and "%speedprobe" in rows[0][1]
     assert "DataLoader(" not in render_text(result)
     assert text_bars(result) == [] and plot_png(result) is None  # no sweep: one worker count is no curve
 
@@ -156,7 +156,7 @@ def test_compute_bound_headline_points_at_gputime_not_the_loader() -> None:
 def test_balanced_headline_says_both_matter() -> None:
     text = headline(balanced())
     assert text.startswith("dataprobe train_loader: balanced: the step waited for data 18% of the loop")
-    assert "both matter" in text and "%%gputime" in text and "1.2x faster" in text
+    assert "both matter" in text and "%%gputime" in text and "%speedprobe" in text and "1.2x faster" in text
 
 
 def test_without_a_step_the_headline_gives_the_loaders_rate_and_how_to_compare_it_with_the_step() -> None:

@@ -101,7 +101,7 @@ def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
     result = probe(loader, sleepy_step(VERDICT_STEP_SECONDS), workers=(0, 1, 2), seconds=4.0)
     assert result.verdict == "compute-bound", result.wait_fraction
     assert [trial.stage for trial in result.trials] == [CURRENT, CURRENT]
-    assert any("%%gputime" in note for note in result.notes)
+    assert any("%%gputime" in note and "%speedprobe" in note for note in result.notes)
     assert result.recommended == result.current.kwargs() and result.code() is None  # keep what you have
     assert "keep your setting" in str(result)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from jupyter_client.manager import start_new_kernel
+from kernel_messages import run
 
 SETUP = """
 %load_ext jupyter_gpu
@@ -39,22 +40,6 @@ CHECK = """
 print("children", children())
 print("unchanged", all(torch.equal(a, b) for a, b in zip(model.parameters(), before)))
 """
-
-
-def run(client, code: str, *, on_message=None, timeout: float = 120) -> list[dict]:
-    request = client.execute(code)
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=timeout)
-        if message["parent_header"].get("msg_id") != request:
-            continue
-        seen.append(message)
-        if on_message is not None:
-            on_message(message)
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            break
-    return seen
 
 
 def test_ctrl_c_shows_what_was_measured_and_leaves_no_worker_behind() -> None:

@@ -1,0 +1,104 @@
+"""`%speedprobe` on a real CUDA GPU (scripts/gpu-check.sh runs these where one is lent): the options only a GPU has
+(TF32, cudnn.benchmark, CUDA graphs) run and are undone, the AMP recipe's network gains what it documents, and
+the 4->24->24->2 network at batch 1 is launch-bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from training_steps import Training, assert_same_state, state_of
+
+from jupyter_gpu.speedprobe.flags import GlobalFlags
+from jupyter_gpu.speedprobe.runner import probe_speed
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def on_cuda(model: nn.Module, optimizer: type, inputs: tuple[int, ...], outputs: int, **kwargs) -> Training:
+    model = model.cuda()
+    opt = optimizer(model.parameters(), **kwargs)
+
+    def step() -> torch.Tensor:
+        x = torch.randn(*inputs, device="cuda")
+        y = torch.randint(0, outputs, (inputs[0],), device="cuda")
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return Training(model, opt, step)
+
+
+def amp_recipe_net(width: int = 4096, layers: int = 3) -> nn.Module:
+    """The network of PyTorch's AMP recipe (recipes/recipes/amp_recipe): Linear + ReLU blocks."""
+    blocks: list[nn.Module] = []
+    for _ in range(layers - 1):
+        blocks += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*blocks, nn.Linear(width, width))
+
+
+def test_the_amp_recipe_network_gains_at_least_twice_and_agrees() -> None:
+    torch.manual_seed(0)
+    training = on_cuda(amp_recipe_net(), torch.optim.SGD, (512, 4096), 4096, lr=0.001)
+    result = probe_speed(training.step, options=("amp-bf16", "amp-fp16"), steps=20,
+                         namespace=training.namespace())
+    print(result)
+    best_amp = max(result.options, key=lambda trial: trial.speedup or 0)
+    assert best_amp.speedup >= 2.0 and best_amp.agrees is True, best_amp
+
+
+def test_the_tiny_mlp_at_batch_one_is_launch_bound() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 24), nn.ReLU(), nn.Linear(24, 24), nn.ReLU(), nn.Linear(24, 2))
+    training = on_cuda(model, torch.optim.Adam, (1, 4), 2, lr=1e-3)
+    result = probe_speed(training.step, options=("fused-optimizer", "compile-reduce-overhead"), steps=10,
+                         namespace=training.namespace())
+    print(result)
+    assert result.launch is not None and result.launch.launch_bound, result.launch
+    assert "launch-bound" in str(result)
+
+
+def test_every_option_on_cuda_runs_or_says_why_and_everything_is_put_back() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(16, 10))
+    training = on_cuda(model, torch.optim.AdamW, (32, 3, 32, 32), 10, lr=1e-3)
+    training.step()
+    torch.backends.cudnn.benchmark = False
+    flags = GlobalFlags.take(torch)
+    before = state_of(training)
+    cuda_rng = torch.cuda.get_rng_state()
+    result = probe_speed(training.step, steps=6, namespace=training.namespace())
+    print(result)
+    assert_same_state(before, state_of(training))
+    assert torch.equal(cuda_rng, torch.cuda.get_rng_state())
+    assert flags.differences(torch) == []
+    for trial in result.options:
+        assert trial.skipped is None or trial.name == "tf32", (trial.name, trial.skipped)
+        assert trial.error is None, (trial.name, trial.error)
+    assert result.option("cudnn-benchmark").agrees is not False
+    assert all(trial.peak_bytes for trial in result.options if trial.measured)
+
+
+def test_fp16_overflow_on_cuda_is_faster_but_wrong() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 8)).cuda()
+    with torch.no_grad():
+        model[0].weight.mul_(1e3)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-12)
+
+    def step() -> torch.Tensor:
+        x = torch.randn(256, 64, device="cuda") * 1e3
+        opt.zero_grad()
+        loss = (model(x) * 1e-6).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    result = probe_speed(step, options=("amp-fp16",), steps=6, namespace={"model": model, "opt": opt})
+    assert result.option("amp-fp16").agrees is False
+    assert result.best is None
