@@ -41,6 +41,18 @@ def rows_html(rows: list[tuple[str, str]]) -> str:
     return f'<table style="margin:.2em 0;font-size:.92em">{cells}</table>'
 
 
+def table_text(table: list[tuple[str, ...]], numeric_headings: tuple[str, ...] = ()) -> list[str]:
+    """A table (its first row the headings) as indented text lines, each column as wide as its widest cell;
+    the columns named in `numeric_headings` are right-aligned, so numbers line up on their last digit."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    numeric = {i for i, heading in enumerate(table[0]) if heading in numeric_headings}
+    lines = []
+    for row in table:
+        cells = [f"{cell:>{widths[i]}}" if i in numeric else f"{cell:<{widths[i]}}" for i, cell in enumerate(row)]
+        lines.append(("  " + "  ".join(cells)).rstrip())
+    return lines
+
+
 def findings_text(findings: list[Finding]) -> list[str]:
     """Numbered findings with evidence and fix, as text lines (each finding preceded by a blank line)."""
     lines: list[str] = []

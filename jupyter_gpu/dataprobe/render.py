@@ -12,13 +12,15 @@ from html import escape
 from jupyter_gpu.dataprobe import decide
 from jupyter_gpu.dataprobe.result import LOOP, SWEEP, VERIFY, DataProbeResult, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-from jupyter_gpu.render_kit import COLOUR, findings_html, findings_text, rows_html, rows_text
+from jupyter_gpu.render_kit import COLOUR, findings_html, findings_text, rows_html, rows_text, table_text
 from jupyter_gpu.units import format_bytes, format_duration, format_rate, format_seconds
 
 BAR_WIDTH = 30
 TABLE_HEADINGS = ("setting", "stage", "samples/s", "min–max", "windows", "first batch", "worker memory", "wait", "")
 # The example the headline gives for a step: the name most notebooks use, so the line reads as something to type.
 STEP_EXAMPLE = "train_step"
+# Columns the text table right-aligns: numbers line up on their last digit.
+NUMERIC_HEADINGS = ("samples/s", "windows", "first batch")
 VERDICT_COLOUR = {"input-bound": COLOUR["warn"], "balanced": COLOUR["info"], "compute-bound": COLOUR["ok"]}
 
 
@@ -376,7 +378,7 @@ def render_text(result: DataProbeResult) -> str:
         lines.extend(rows_text(recommendation))
     if result.trials:
         lines.append("settings measured:")
-        lines.extend(_table_text(_table(result)))
+        lines.extend(table_text(_table(result), NUMERIC_HEADINGS))
     lines.extend(text_bars(result))
     if result.pitfalls:
         lines.append("pitfalls (checked before any worker started):")
@@ -385,16 +387,6 @@ def render_text(result: DataProbeResult) -> str:
     lines.extend(f"  note: {note}" for note in _notes(result))
     lines.extend(rows_text(footer_rows(result)))
     return "\n".join(lines)
-
-
-def _table_text(table: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    numeric = {i for i, heading in enumerate(table[0]) if heading in ("samples/s", "windows", "first batch")}
-    lines = []
-    for row in table:
-        cells = [f"{cell:>{widths[i]}}" if i in numeric else f"{cell:<{widths[i]}}" for i, cell in enumerate(row)]
-        lines.append(("  " + "  ".join(cells)).rstrip())
-    return lines
 
 
 def render_html(result: DataProbeResult) -> str:

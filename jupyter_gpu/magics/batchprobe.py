@@ -10,6 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import Image, display
 
+from jupyter_gpu.magics.names import NamedObject
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import (
     OptionsError,
@@ -19,6 +20,13 @@ from jupyter_gpu.options import (
 )
 
 CELL_PARAMETER = "batch_size"
+
+
+STEP = NamedObject(
+    magic="%batchprobe", what="step function", noun="a step", definition="def {name}(batch_size): ...",
+    option_hint="--max-memory 6GiB",
+    missing="%batchprobe needs the name of a step function, e.g. %batchprobe train_step --max-memory 6GiB, where "
+            "train_step(batch_size) runs one training step; or use %%batchprobe with the step in the cell body.")
 
 
 @magics_class
@@ -80,18 +88,8 @@ class BatchProbeMagics(Magics):
         return options, self._named_step(options.names)
 
     def _named_step(self, names: list[str]) -> Callable[[int], Any]:
-        if not names:
-            raise UsageError("%batchprobe needs the name of a step function, e.g. %batchprobe train_step "
-                             "--max-memory 6GiB, where train_step(batch_size) runs one training step; or use "
-                             "%%batchprobe with the step in the cell body.")
-        name, *extra = names
-        if extra:
-            raise UsageError(f"%batchprobe takes one step name; {' '.join(extra)!r} is neither a step nor an "
-                             "option (options start with -).")
-        if name not in self.shell.user_ns:
-            raise UsageError(f"%batchprobe: there is no {name!r} in the notebook; define "
-                             f"def {name}(batch_size): ... first.")
-        step = self.shell.user_ns[name]
+        name = STEP.one_name(names)
+        step = STEP.look_up(self.shell.user_ns, name)
         if not callable(step):
             raise UsageError(f"%batchprobe: {name!r} is a {type(step).__name__}, not a function; it must be "
                              "callable as step(batch_size).")

@@ -9,8 +9,17 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
+from jupyter_gpu.magics.names import NamedObject
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import OptionsError, dataprobe_parser, help_from
+
+LOADER = NamedObject(
+    magic="%dataprobe", what="DataLoader", noun="a loader", definition="{name} = DataLoader(dataset, batch_size=64)",
+    option_hint="--step train_step",
+    missing="%dataprobe needs the name of a DataLoader, e.g. %dataprobe train_loader --step train_step, where "
+            "train_step(batch) runs one training step.")
+STEP = NamedObject(magic="%dataprobe", what="step function", noun="a step", definition="def {name}(batch): ...",
+                   option_hint="--step train_step", missing="")
 
 
 @magics_class
@@ -31,11 +40,11 @@ class DataProbeMagics(Magics):
             options = dataprobe_parser().parse_args(shlex.split(line))
         except (OptionsError, ValueError) as exc:  # ValueError: unbalanced quotes
             raise UsageError(f"%dataprobe: {exc}") from None
-        loader_name = self._loader_name(options.names)
-        loader = self._lookup(loader_name, "DataLoader", f"{loader_name} = DataLoader(dataset, batch_size=64)")
+        loader_name = LOADER.one_name(options.names)
+        loader = LOADER.look_up(self.shell.user_ns, loader_name)
         step = None
         if options.step is not None:
-            step = self._lookup(options.step, "step function", f"def {options.step}(batch): ...")
+            step = STEP.look_up(self.shell.user_ns, options.step)
             if not callable(step):
                 raise UsageError(f"%dataprobe: {options.step!r} is a {type(step).__name__}, not a function; it "
                                  "must be callable as step(batch).")
@@ -52,19 +61,3 @@ class DataProbeMagics(Magics):
         if result.interrupted:
             raise KeyboardInterrupt  # what was measured is shown; stop as asked ("Run all" stops too)
         return result if options.return_result else None
-
-    @staticmethod
-    def _loader_name(names: list[str]) -> str:
-        if not names:
-            raise UsageError("%dataprobe needs the name of a DataLoader, e.g. %dataprobe train_loader --step "
-                             "train_step, where train_step(batch) runs one training step.")
-        name, *extra = names
-        if extra:
-            raise UsageError(f"%dataprobe takes one DataLoader name; {' '.join(extra)!r} is neither a loader nor "
-                             "an option (options start with -, e.g. --step train_step).")
-        return name
-
-    def _lookup(self, name: str, what: str, example: str) -> Any:
-        if name not in self.shell.user_ns:
-            raise UsageError(f"%dataprobe: there is no {what} {name!r} in the notebook; define {example} first.")
-        return self.shell.user_ns[name]

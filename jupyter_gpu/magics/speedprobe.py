@@ -9,8 +9,15 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
+from jupyter_gpu.magics.names import NamedObject
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import OptionsError, help_from, speedprobe_parser
+
+STEP = NamedObject(
+    magic="%speedprobe", what="step function", noun="a step", definition="def {name}(): ...",
+    option_hint="--try amp-bf16",
+    missing="%speedprobe needs the name of a training step, e.g. %speedprobe train_step, where train_step() runs "
+            "one step (batch, forward, backward, optimizer step).")
 
 
 @magics_class
@@ -32,17 +39,8 @@ class SpeedProbeMagics(Magics):
             options = speedprobe_parser().parse_args(shlex.split(line))
         except (OptionsError, ValueError) as exc:  # ValueError: unbalanced quotes
             raise UsageError(f"%speedprobe: {exc}") from None
-        if not options.names:
-            raise UsageError("%speedprobe needs the name of a training step, e.g. %speedprobe train_step, where "
-                             "train_step() runs one step (batch, forward, backward, optimizer step).")
-        name, *extra = options.names
-        if extra:
-            raise UsageError(f"%speedprobe takes one step name; {' '.join(extra)!r} is neither a step nor an option "
-                             "(options start with -, e.g. --try amp-bf16).")
-        if name not in self.shell.user_ns:
-            raise UsageError(f"%speedprobe: there is no step function {name!r} in the notebook; define "
-                             f"def {name}(): ... first.")
-        step = self.shell.user_ns[name]
+        name = STEP.one_name(options.names)
+        step = STEP.look_up(self.shell.user_ns, name)
         from jupyter_gpu.speedprobe.runner import SpeedProbeError, SpeedProbeRequest, run_speedprobe
 
         request = SpeedProbeRequest(options=options.options, steps=options.steps)

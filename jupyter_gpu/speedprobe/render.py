@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text
+from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text, table_text
 from jupyter_gpu.speedprobe.decide import helped
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
@@ -240,7 +240,7 @@ def render_text(result: SpeedProbeResult) -> str:
     if warnings:  # rows_text needs at least one row
         lines.extend(rows_text(warnings))
     lines.append("configurations measured:")
-    lines.extend(_table_text(_table(result)))
+    lines.extend(table_text(_table(result), NUMERIC_HEADINGS))
     paragraph = launch_paragraph(result)
     if paragraph is not None:
         lines.append(paragraph)
@@ -250,16 +250,6 @@ def render_text(result: SpeedProbeResult) -> str:
         lines.extend(f"    {line}" for line in code)
     lines.extend(rows_text(footer_rows(result)))
     return "\n".join(lines)
-
-
-def _table_text(table: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    numeric = {i for i, heading in enumerate(table[0]) if heading in NUMERIC_HEADINGS}
-    lines = []
-    for row in table:
-        cells = [f"{cell:>{widths[i]}}" if i in numeric else f"{cell:<{widths[i]}}" for i, cell in enumerate(row)]
-        lines.append(("  " + "  ".join(cells)).rstrip())
-    return lines
 
 
 def render_html(result: SpeedProbeResult) -> str:

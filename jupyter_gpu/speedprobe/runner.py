@@ -319,9 +319,16 @@ class _Probe:
         model = objects.labels.get(id(objects.modules[0]), "model") if objects.modules else "model"
         optimizer = objects.optimizers[0] if objects.optimizers else None
         optimizer_name = objects.labels.get(id(optimizer), "opt") if optimizer is not None else "opt"
-        optimizer_class = f"torch.optim.{type(optimizer).__name__}" if optimizer is not None else "torch.optim.AdamW"
+        optimizer_class = _class_path(optimizer) if optimizer is not None else "torch.optim.AdamW"
         fused = any(f"{type(optimizer).__name__}: fused=True" in note for _, _, run in self.single_runs
                     if run is not None for note in run.notes)
         conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
         return CodeContext(device_type=self.setting.device_type, model=model, optimizer=optimizer_name,
                            optimizer_class=optimizer_class, fused=fused, conv_tf32_line=conv_line)
+
+
+def _class_path(optimizer: Any) -> str:
+    """How the user would name the optimizer's class: torch.optim.AdamW for torch's own (defined in
+    torch.optim.adamw), the bare class name for a notebook's or another library's."""
+    kind = type(optimizer)
+    return f"torch.optim.{kind.__name__}" if kind.__module__.startswith("torch.optim") else kind.__name__

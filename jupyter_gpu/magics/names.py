@@ -1,0 +1,36 @@
+"""The one notebook name a probe magic takes (`%dataprobe loader`, `%speedprobe train_step`), found in the user's
+namespace, with the sentence that says what to type when it is missing, doubled or not defined."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from IPython.core.error import UsageError
+
+
+@dataclass(frozen=True)
+class NamedObject:
+    """How one magic words its argument: `%speedprobe` takes a "step function" such as `def train_step(): ...`."""
+
+    magic: str         # "%speedprobe"
+    what: str          # "step function", "DataLoader"
+    noun: str          # what a stray word is not: "a step", "a loader"
+    missing: str       # the whole sentence when no name was given
+    definition: str    # how to define it, with {name}: "def {name}(): ..."
+    option_hint: str   # an example option, for "options start with -, e.g. --try amp-bf16"
+
+    def one_name(self, names: list[str]) -> str:
+        if not names:
+            raise UsageError(self.missing)
+        name, *extra = names
+        if extra:
+            raise UsageError(f"{self.magic} takes one {self.what.split()[0]} name; {' '.join(extra)!r} is neither "
+                             f"{self.noun} nor an option (options start with -, e.g. {self.option_hint}).")
+        return name
+
+    def look_up(self, namespace: dict[str, Any], name: str) -> Any:
+        if name not in namespace:
+            raise UsageError(f"{self.magic}: there is no {self.what} {name!r} in the notebook; define "
+                             f"{self.definition.format(name=name)} first.")
+        return namespace[name]
