@@ -25,7 +25,10 @@ class Ticker:
         self._stopped = False
 
     def resume(self, text: str) -> None:
+        """Show `text` now if the line was paused, else from the next tick: a caller that updates the text on
+        every step of a millisecond-long loop must not wake a thread (and send a display update) each time."""
         with self._wake:
+            was_paused = self._text is None
             self._text = text
             if self._thread is None:
                 # The cell's context goes with the thread: ipykernel keeps the request being answered in a
@@ -34,7 +37,8 @@ class Ticker:
                 self._thread = threading.Thread(target=context.run, args=(self._loop,),
                                                 name="jupyter-gpu-batchprobe-progress", daemon=True)
                 self._thread.start()
-            self._wake.notify()
+            if was_paused:
+                self._wake.notify()
 
     def pause(self) -> None:
         with self._wake:
