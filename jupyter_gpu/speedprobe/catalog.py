@@ -39,9 +39,9 @@ OPTIONS: tuple[SpeedOption, ...] = (
                 "converts the model to torch.channels_last"),
     SpeedOption("fused-optimizer", "fused optimizer", FP32, None,
                 "switches the optimizer's param groups to fused=True (or foreach=True)"),
-    SpeedOption("compile", "torch.compile", FP32, "compile", "compiles the model (model.compile())"),
+    SpeedOption("compile", "torch.compile", FP32, "compile", "compiles the model's forward with torch.compile"),
     SpeedOption("compile-reduce-overhead", "torch.compile reduce-overhead", FP32, "compile",
-                "compiles the model with mode='reduce-overhead' (CUDA graphs)"),
+                "compiles the model's forward with mode='reduce-overhead' (CUDA graphs)"),
 )
 OPTION_NAMES: tuple[str, ...] = tuple(option.name for option in OPTIONS)
 BY_NAME = {option.name: option for option in OPTIONS}
@@ -89,10 +89,11 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
         flag = "fused=True" if context.fused else "foreach=True"
         lines.append(f"{context.optimizer} = {context.optimizer_class}({context.model}.parameters(), {flag})"
                      "  # keep your other arguments")
+    # torch.compile(model), not model.compile(): on torch 2.13 the latter compiles nothing for an nn.Sequential.
     if "compile" in chosen:
-        lines.append(f"{context.model}.compile()")
+        lines.append(f"{context.model} = torch.compile({context.model})")
     if "compile-reduce-overhead" in chosen:
-        lines.append(f'{context.model}.compile(mode="reduce-overhead")')
+        lines.append(f'{context.model} = torch.compile({context.model}, mode="reduce-overhead")')
     if "amp-bf16" in chosen:
         lines += [f'with torch.autocast("{device}", dtype=torch.bfloat16):  # in the step',
                   f"    loss = loss_fn({context.model}(x), y)  # forward and loss only; backward stays outside"]

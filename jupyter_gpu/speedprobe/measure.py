@@ -21,6 +21,10 @@ from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
 from jupyter_gpu.speedprobe.variants import StepSetting
 
 MIN_TIMED_STEPS = 5
+# A sub-millisecond step timed 18 times is 10 ms of measurement, which one pause of the machine moves: every
+# configuration is timed for at least this long, up to MAX_CALLS calls.
+MIN_TIMED_SECONDS = 0.2
+MAX_CALLS = 2000
 # torch.compile compiles on the first call and often once more on the second (the optimizer's state, dynamic
 # shapes); both are warm-up, reported as compile time.
 COMPILE_WARMUP_STEPS = 2
@@ -66,21 +70,26 @@ class StepRunner:
                  progress: Progress | None = None) -> StepRunner:
         return cls(step, setting, params, [param.detach().to("cpu", copy=True) for param in params], progress)
 
-    def run(self, names: tuple[str, ...], steps: int, label: str, want_batch_size: bool = False) -> Run:
-        """Apply `names`, call the step `max(steps, warm-up + 1 + 5)` times, undo. The caller restores state."""
+    def run(self, names: tuple[str, ...], steps: int, label: str, want_batch_size: bool = False,
+            extra_warmup: int = 0, same_random_numbers: bool = False) -> Run:
+        """Apply `names`, call the step `max(steps, warm-up + 1 + 5)` times and for at least MIN_TIMED_SECONDS
+        of timed steps, undo. The caller restores state."""
         torch = self.setting.torch
-        warmup = COMPILE_WARMUP_STEPS if any(name.startswith("compile") for name in names) else FIRST_STEP_WARMUP
+        compiled = any(name.startswith("compile") for name in names)
+        warmup = (COMPILE_WARMUP_STEPS if compiled else FIRST_STEP_WARMUP) + extra_warmup
         total = max(steps, warmup + 1 + MIN_TIMED_STEPS)
         record = Run()
         memory = CudaMemoryWatch(torch)
+        graphs_before = variants.compiled_graphs(torch) if compiled else 0
         with ExitStack() as stack:
-            applied = variants.apply(names, self.setting, stack)
+            applied = variants.apply(names, self.setting, stack, same_random_numbers=same_random_numbers)
             record.scaling = applied.fp16
             record.notes = applied.notes
             clock = DeviceClock(torch)
-            for index in range(total):
+            index = 0
+            while index < total or (sum(record.times) < MIN_TIMED_SECONDS and index < MAX_CALLS):
                 if self.progress is not None:
-                    self.progress(f"{label}: step {index + 1}/{total}")
+                    self.progress(f"{label}: step {index + 1}/{max(total, index + 1)}")
                 counted = index == warmup
                 try:
                     seconds, value = self._one_step(applied, clock, counted, record,
@@ -95,6 +104,10 @@ class StepRunner:
                 record.losses.append(self._loss_value(value, record))
                 if index == 0:
                     record.update = self._update()
+                index += 1
+        if compiled and record.error is None and variants.compiled_graphs(torch) == graphs_before:
+            record.error = ("torch.compile compiled no graph of this model (Dynamo skipped its forward), so the "
+                            "step ran as before")
         record.cuda_peak_bytes = self._cuda_peak(memory)
         return record
 

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
@@ -142,9 +142,9 @@ def _user_compiled_code() -> bool:
 def reset_compiled_code(torch: Any) -> None:
     """Drop every compiled graph (and CUDA graph pool) after a compiled trial.
 
-    Otherwise each trial's graphs stay cached on `Module._call_impl`, the code object every compiled module shares,
-    and after a few trials torch.compile hits its recompile limit: later trials, and the user's own compiled model,
-    would silently run eagerly. A reset costs the user's own compiled code one recompilation, no more.
+    Otherwise each trial's graphs stay cached on the forward's code object, which every instance of the class
+    shares, and after a few trials torch.compile hits its recompile limit: later trials, and the user's own
+    compiled model, would silently run eagerly. A reset costs the user's own compiled code one recompilation.
     """
     torch._dynamo.reset()
 
@@ -180,7 +180,9 @@ class _Probe:
 
     def run(self) -> None:
         planned = self._plan()
-        first = self._measure((), "baseline (1 of 2)", want_batch_size=True)
+        # Two more warm-up calls than the other runs: the step's first calls grow the allocator's pools and fill
+        # the kernels' caches, costs no later configuration pays.
+        first = self._measure((), "baseline (1 of 2)", want_batch_size=True, extra_warmup=2)
         if first.error is not None:
             raise SpeedProbeError(f"`{self.step_name}` raised {first.error} (everything it changed was put back)")
         self.baseline_run = first
@@ -222,15 +224,30 @@ class _Probe:
         names = self.request.options or OPTION_NAMES
         return [(option, why_not(option, self.setting)) for option in OPTION_NAMES if option in names]
 
-    def _measure(self, names: tuple[str, ...], label: str, want_batch_size: bool = False) -> Run:
+    def _measure(self, names: tuple[str, ...], label: str, want_batch_size: bool = False,
+                 extra_warmup: int = 0) -> Run:
         compiled = any(name.startswith("compile") for name in names)
         self.compiled = self.compiled or compiled
+        timed = self._measure_once(names, label, want_batch_size, extra_warmup, same_random_numbers=False)
+        if not (compiled and self.setting.has_dropout()) or timed.error is not None:
+            return timed
+        # Compiled dropout draws other masks than eager's, so the updates cannot be compared: the agreement comes
+        # from a second run whose compiled code draws eager's random numbers (slower, so it is not the timing).
+        checked = self._measure_once(names, f"{label}, checking its numbers", False, 0, same_random_numbers=True)
+        return replace(timed, update=checked.update, losses=checked.losses, scaling=checked.scaling,
+                       loss_note=checked.loss_note, error=checked.error,
+                       notes=[*timed.notes, "its numbers were checked on a second compilation whose dropout draws "
+                                            "eager's masks (torch._inductor.config.fallback_random)"])
+
+    def _measure_once(self, names: tuple[str, ...], label: str, want_batch_size: bool, extra_warmup: int,
+                      same_random_numbers: bool) -> Run:
         try:
-            return self.runner.run(names, self.request.steps, label, want_batch_size=want_batch_size)
+            return self.runner.run(names, self.request.steps, label, want_batch_size=want_batch_size,
+                                   extra_warmup=extra_warmup, same_random_numbers=same_random_numbers)
         finally:
             self.ticker.pause()
             self.put_back()
-            if compiled:
+            if any(name.startswith("compile") for name in names):
                 reset_compiled_code(self.setting.torch)
 
     def put_back(self) -> None:

@@ -111,7 +111,9 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return f"torch {torch.__version__} has no torch.compile"
         if any(getattr(module, "_compiled_call_impl", None) is not None for module in modules):
             return "the model is already compiled (model.compile())"
-        if any(type(module).__name__ == "OptimizedModule" for module in modules):
+        if any(type(module).__name__ == "OptimizedModule" or hasattr(module.__dict__.get("forward"),
+                                                                         "_torchdynamo_orig_callable")
+               for module in modules):
             return "the model is already compiled (torch.compile(model))"
         if name == "compile-reduce-overhead" and not cuda:
             return f"reduce-overhead records CUDA graphs; this step runs on {setting.device}"
@@ -188,6 +190,7 @@ class Applied:
     after_call: list[Callable[[], None]] = field(default_factory=list)
     fp16: Fp16Scaling | None = None
     notes: list[str] = field(default_factory=list)
+    same_random_numbers: bool = False  # compiled code draws eager's random numbers (for the agreement run)
 
     def call(self, step: Callable[[], Any]) -> Any:
         with ExitStack() as per_call:
@@ -199,9 +202,10 @@ class Applied:
         return value
 
 
-def apply(names: tuple[str, ...], setting: StepSetting, stack: ExitStack) -> Applied:
+def apply(names: tuple[str, ...], setting: StepSetting, stack: ExitStack,
+          same_random_numbers: bool = False) -> Applied:
     """Apply the options in `names` (already checked with `why_not`); every change is undone by `stack`."""
-    applied = Applied(setting, names, stack)
+    applied = Applied(setting, names, stack, same_random_numbers=same_random_numbers)
     for name in names:
         _APPLY[name](applied)
     return applied
@@ -331,19 +335,29 @@ def _move_steps_to_parameters(optimizer: Any) -> None:
 
 def _compile(mode: str | None) -> Callable[[Applied], None]:
     def apply_compile(applied: Applied) -> None:
-        if applied.setting.has_dropout():
+        torch = applied.setting.torch
+        if applied.same_random_numbers and applied.setting.has_dropout():
             # Inductor draws its own random numbers; with this, dropout uses eager's generator, so the compiled
-            # step draws the same masks as the baseline and the updates can be compared.
+            # step draws the baseline's masks and the updates can be compared. It changes the speed, so the runner
+            # times the step compiled as the user would compile it and uses this only for the agreement.
             import torch._inductor.config as inductor_config
 
             applied.stack.enter_context(inductor_config.patch(fallback_random=True))
-            applied.notes.append("compiled with torch._inductor.config.fallback_random=True so dropout draws the "
-                                 "baseline's masks; timing is slightly conservative")
         for module in applied.setting.objects.modules:
-            previous = module.__dict__.get("_compiled_call_impl", _MISSING)
-            module.compile(**({"mode": mode} if mode else {}))
-            applied.stack.callback(_put_back_attribute, module, "_compiled_call_impl", previous)
+            # The instance's forward, compiled: what torch.compile(model) runs. model.compile() compiles
+            # Module._call_impl instead, and on torch 2.13 Dynamo skips that frame for nn.Sequential (torch's own
+            # file), compiling nothing without a word.
+            previous = module.__dict__.get("forward", _MISSING)
+            module.forward = torch.compile(module.forward, **({"mode": mode} if mode else {}))
+            applied.stack.callback(_put_back_attribute, module, "forward", previous)
     return apply_compile
+
+
+def compiled_graphs(torch: Any) -> int:
+    """How many graphs torch.compile has compiled in this process so far (Dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 _APPLY: dict[str, Callable[[Applied], None]] = {

@@ -179,7 +179,13 @@ def test_ctrl_c_keeps_what_was_measured_and_puts_everything_back() -> None:
 def test_a_step_that_is_not_the_same_computation_twice_is_not_judged() -> None:
     training = mlp_with_adam()
     model, opt = training.model, training.opt
-    batches = iter([(torch.randn(32, 16), torch.randint(0, 4, (32,))) for _ in range(200)])
+
+    def endless_batches():
+        generator = torch.Generator().manual_seed(1)  # its own generator: restoring torch's does not rewind it
+        while True:
+            yield torch.randn(32, 16, generator=generator), torch.randint(0, 4, (32,), generator=generator)
+
+    batches = endless_batches()
 
     def step() -> torch.Tensor:  # a new batch from an iterator each call, which no snapshot rewinds
         x, y = next(batches)
