@@ -83,7 +83,8 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
     if "cudnn-benchmark" in chosen:
         lines.append("torch.backends.cudnn.benchmark = True")
     if "channels-last" in chosen:
-        lines += [f"{context.model} = {context.model}.to(memory_format=torch.channels_last)",
+        lines += [f"{context.model} = {context.model}.to(memory_format=torch.channels_last)  # before creating the "
+                  "optimizer",
                   "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step"]
     if "fused-optimizer" in chosen:
         flag = "fused=True" if context.fused else "foreach=True"

@@ -248,3 +248,26 @@ def test_unknown_options_and_no_model_are_one_sentence() -> None:
         probe_speed(lambda: None, namespace={})
     with pytest.raises(SpeedProbeError, match="--steps must be at least 1"):
         probe_speed(training.step, steps=0, namespace=training.namespace())
+
+
+def test_channels_last_with_a_fused_optimizer_after_training_agrees() -> None:
+    # Converting the model leaves the optimizer's momentum buffers contiguous; fused SGD on channels_last weights
+    # with those buffers computes a wrong update, so the probe converts the state with the parameters.
+    training = warmed_up(convnet_with_sgd())
+    before = state_of(training)
+    result = probe(training, ("channels-last", "fused-optimizer"))
+    assert_same_state(before, state_of(training))
+    from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
+    from jupyter_gpu.speedprobe.measure import StepRunner, relative_difference
+    from jupyter_gpu.speedprobe.variants import StepSetting
+
+    objects = find_training_objects(training.namespace(), training.step)
+    snapshot = StateSnapshot.take(objects)
+    runner = StepRunner.for_step(training.step, StepSetting(torch, objects, torch.device("cpu")), objects.parameters())
+    baseline = runner.run((), 3, "baseline")
+    snapshot.restore()
+    both = runner.run(("channels-last", "fused-optimizer"), 3, "both")
+    snapshot.restore()
+    assert relative_difference(both.update, baseline.update) < 1e-3
+    assert all(trial.agrees for trial in result.options)
+    assert_same_state(before, state_of(training))
