@@ -164,9 +164,10 @@ class StepRunner:
             record.loss_note = f"the step returned a {type(value).__name__}, not a loss"
         return None
 
-    def _update(self) -> list[Any]:
-        return [param.detach().to("cpu", copy=True).float() - before.float()
-                for param, before in zip(self.params, self.weights_before, strict=True)]
+    def _update(self, before: list[Any] | None = None) -> list[Any]:
+        """Each parameter now minus `before` (by default the user's weights), on the host in float32."""
+        return [param.detach().to("cpu", copy=True).float() - start.float()
+                for param, start in zip(self.params, before or self.weights_before, strict=True)]
 
     def _cuda_peak(self, memory: CudaMemoryWatch) -> int | None:
         device = self.setting.device
@@ -198,8 +199,7 @@ class StepRunner:
             self._one_step(applied, clock, False, Run(), False)
         except StepRaised:
             return None
-        return [param.detach().to("cpu", copy=True).float() - before
-                for param, before in zip(self.params, rounded_before, strict=True)]
+        return self._update(rounded_before)
 
 
 def _rounded(torch: Any, tensor: Any, format_name: str, generator: Any) -> Any:
