@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -10,10 +9,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import Image, display
 
-from jupyter_gpu.magics.names import NamedObject
+from jupyter_gpu.magics.arguments import NamedObject, parse_line
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import (
-    OptionsError,
     batchprobe_parser,
     help_from,
     validate_batchprobe,
@@ -69,11 +67,7 @@ class BatchProbeMagics(Magics):
         return result if options.return_result else None
 
     def _parse(self, magic: str, line: str, cell: str | None) -> tuple[Any, Callable[[int], Any]]:
-        try:
-            options = batchprobe_parser(magic).parse_args(shlex.split(line))
-            validate_batchprobe(options)
-        except (OptionsError, ValueError) as exc:  # ValueError: unbalanced quotes
-            raise UsageError(f"{magic}: {exc}") from None
+        options = parse_line(magic, batchprobe_parser(magic), line, validate_batchprobe)
         if cell is not None:
             if options.names:
                 raise UsageError(f"%%batchprobe takes only options on its first line, not {' '.join(options.names)!r};"

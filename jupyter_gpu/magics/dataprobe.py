@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from jupyter_gpu.magics.names import NamedObject
+from jupyter_gpu.magics.arguments import NamedObject, parse_line
 from jupyter_gpu.magics.progress import ProgressLine
-from jupyter_gpu.options import OptionsError, dataprobe_parser, help_from
+from jupyter_gpu.options import dataprobe_parser, help_from
 
 LOADER = NamedObject(
     magic="%dataprobe", what="DataLoader", noun="a loader", definition="{name} = DataLoader(dataset, batch_size=64)",
@@ -36,10 +35,7 @@ class DataProbeMagics(Magics):
         recommended and checked by running it. Your loader is never iterated; the model, optimizer, RNGs and
         sampler are put back exactly; no worker process is left behind. Ctrl-C keeps what was measured.
         """
-        try:
-            options = dataprobe_parser().parse_args(shlex.split(line))
-        except (OptionsError, ValueError) as exc:  # ValueError: unbalanced quotes
-            raise UsageError(f"%dataprobe: {exc}") from None
+        options = parse_line("%dataprobe", dataprobe_parser(), line)
         loader_name = LOADER.one_name(options.names)
         loader = LOADER.look_up(self.shell.user_ns, loader_name)
         step = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from typing import Any
 
@@ -15,7 +14,8 @@ from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 from jupyter_gpu.gpucheck.request import CheckRequest
 from jupyter_gpu.magics.activity import activity_for, close_activity
-from jupyter_gpu.options import OptionsError, check_parser, help_from, validate
+from jupyter_gpu.magics.arguments import parse_line
+from jupyter_gpu.options import check_parser, help_from, validate
 
 
 def _last_exception() -> BaseException | None:
@@ -44,11 +44,7 @@ class GpuCheckMagics(Magics):
         initialising CUDA in this kernel (torch is probed in a child process), then audits the notebook's
         models, tensors, optimizers and DataLoaders (or only the NAMEs given) and the last error.
         """
-        try:
-            options = check_parser("%gpucheck", magic=True).parse_args(shlex.split(line))
-            validate(options)
-        except (OptionsError, ValueError) as exc:
-            raise UsageError(f"%gpucheck: {exc}") from None
+        options = parse_line("%gpucheck", check_parser("%gpucheck", magic=True), line, validate)
         from jupyter_gpu.gpucheck.facts.activity import gather_activity
         from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
         from jupyter_gpu.gpucheck.run import run_check

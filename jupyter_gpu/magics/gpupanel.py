@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -10,9 +9,10 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
 from jupyter_gpu.magics.activity import activity_for, close_activity
+from jupyter_gpu.magics.arguments import parse_line
 from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.hub import shared_hub
-from jupyter_gpu.options import OptionsError, gpupanel_parser, help_from
+from jupyter_gpu.options import gpupanel_parser, help_from
 
 
 @magics_class
@@ -31,10 +31,7 @@ class GpuPanelMagics(Magics):
         Every panel in this kernel shares one sampler thread; closing the last panel (its Close button,
         --close or %unload_ext jupyter_gpu) stops it. Re-running a cell replaces the panel it opened.
         """
-        try:
-            options = gpupanel_parser().parse_args(shlex.split(line))
-        except (OptionsError, ValueError) as exc:
-            raise UsageError(f"%gpupanel: {exc}") from None
+        options = parse_line("%gpupanel", gpupanel_parser(), line)
         self._open = [(p, cell) for p, cell in self._open if not p.closed]
         if options.close:
             closed = self.close_panels()

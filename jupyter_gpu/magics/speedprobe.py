@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from jupyter_gpu.magics.names import NamedObject
+from jupyter_gpu.magics.arguments import NamedObject, parse_line
 from jupyter_gpu.magics.progress import ProgressLine
-from jupyter_gpu.options import OptionsError, help_from, speedprobe_parser
+from jupyter_gpu.options import help_from, speedprobe_parser
 
 STEP = NamedObject(
     magic="%speedprobe", what="step function", noun="a step", definition="def {name}(): ...",
@@ -35,10 +34,7 @@ class SpeedProbeMagics(Magics):
         combined. The model, optimizer, RNGs and global flags are put back exactly after every trial; Ctrl-C
         keeps what was measured.
         """
-        try:
-            options = speedprobe_parser().parse_args(shlex.split(line))
-        except (OptionsError, ValueError) as exc:  # ValueError: unbalanced quotes
-            raise UsageError(f"%speedprobe: {exc}") from None
+        options = parse_line("%speedprobe", speedprobe_parser(), line)
         name = STEP.one_name(options.names)
         step = STEP.look_up(self.shell.user_ns, name)
         from jupyter_gpu.speedprobe.runner import SpeedProbeError, SpeedProbeRequest, run_speedprobe

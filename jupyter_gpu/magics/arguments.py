@@ -1,12 +1,31 @@
-"""The one notebook name a probe magic takes (`%dataprobe loader`, `%speedprobe train_step`), found in the user's
-namespace, with the sentence that says what to type when it is missing, doubled or not defined."""
+"""A magic's line: its options parsed (a bad one is a one-sentence UsageError), and the one notebook name a probe
+magic takes (`%dataprobe loader`, `%speedprobe train_step`), found in the user's namespace, with the sentence that
+says what to type when it is missing, doubled or not defined."""
 
 from __future__ import annotations
 
+import argparse
+import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from IPython.core.error import UsageError
+
+from jupyter_gpu.options import OptionsError
+
+
+def parse_line(magic: str, parser: argparse.ArgumentParser, line: str,
+               validate: Callable[[argparse.Namespace], None] | None = None) -> argparse.Namespace:
+    """The options of `line`, split as a shell would; a bad option, a failed `validate` or unbalanced quotes
+    (shlex's ValueError) is a UsageError that starts with the magic's name."""
+    try:
+        options = parser.parse_args(shlex.split(line))
+        if validate is not None:
+            validate(options)
+    except (OptionsError, ValueError) as exc:
+        raise UsageError(f"{magic}: {exc}") from None
+    return options
 
 
 @dataclass(frozen=True)
