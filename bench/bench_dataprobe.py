@@ -61,6 +61,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fixtures live in tests/, beside the package
 
+from tables import print_table
+
 from jupyter_gpu.dataprobe import decide
 from jupyter_gpu.dataprobe.loaders import recipe_of, usable_cpus
 from jupyter_gpu.dataprobe.measure import StepTarget, TrialRunner
@@ -251,20 +253,6 @@ HEADINGS = ("ratio (measured)", "ours: verdict, wait", "exhaustive best, samples
             "Lightning / best", "wall s: ours / exhaustive", "ours / exhaustive", "trials: ours / exhaustive")
 
 
-def print_text(rows: list[Row]) -> None:
-    table = [HEADINGS, *table_rows(rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADINGS))]
-    for line in table:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip())
-
-
-def print_markdown(rows: list[Row]) -> None:
-    print("| " + " | ".join(HEADINGS) + " |")
-    print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADINGS))) + "|")
-    for line in table_rows(rows):
-        print("| " + " | ".join(line) + " |")
-
-
 def print_details(rows: list[Row]) -> None:
     print("\nEvery setting, samples/s (exhaustive median of 3 windows | ours: trials in the order run, stage, median):")
     for row in rows:
@@ -339,7 +327,7 @@ def main() -> None:
         print(f"done: ratio {ratio:g} (ours {row.ours_seconds:.1f} s, exhaustive {row.sweep.seconds:.1f} s)",
               flush=True)
     print()
-    (print_markdown if args.markdown else print_text)(rows)
+    print_table(HEADINGS, table_rows(rows), args.markdown)
     summary(rows)
     print_details(rows)
     print(f"\nWhole run: {time.perf_counter() - begun:.1f} s")

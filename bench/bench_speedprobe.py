@@ -98,6 +98,8 @@ from typing import Any
 
 import torch
 import torch.utils.benchmark as benchmark
+from models import ResNet
+from tables import print_table
 from torch import nn
 
 from jupyter_gpu.speedprobe.catalog import OPTION_NAMES, title_of
@@ -116,40 +118,6 @@ RECOMPILE_LIMIT = 64
 
 
 # -- the models -------------------------------------------------------------------------------------------------
-
-
-class BasicBlock(nn.Module):
-    """ResNet's basic block: two 3x3 convolutions with BatchNorm, ReLU, and the shortcut added before the last ReLU."""
-
-    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(outputs)
-        self.conv2 = nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(outputs)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or inputs != outputs:
-            self.shortcut = nn.Sequential(nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
-
-
-class ResNet(nn.Module):
-    def __init__(self, widths: tuple[int, ...] = (16, 32, 64), classes: int = 10) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
-        blocks, inputs = [], widths[0]
-        for stage, width in enumerate(widths):
-            for block in range(2):
-                blocks.append(BasicBlock(inputs, width, 2 if stage > 0 and block == 0 else 1))
-                inputs = width
-        self.blocks = nn.Sequential(*blocks)
-        self.fc = nn.Linear(inputs, classes)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.blocks(self.stem(images)).mean(dim=(2, 3)))
 
 
 class EncoderClassifier(nn.Module):
@@ -194,7 +162,8 @@ def workloads(device: torch.device) -> dict[str, Workload]:
     width, rows = (4096, 512) if cuda else (1024, 256)
     cross_entropy, mse = nn.functional.cross_entropy, nn.functional.mse_loss
     return {workload.name: workload for workload in (
-        Workload("cnn", "ResNet-style CNN, BatchNorm, SGD+momentum, batch 32 of 3x32x32", ResNet,
+        Workload("cnn", "ResNet-style CNN, BatchNorm, SGD+momentum, batch 32 of 3x32x32",
+                 lambda: ResNet(widths=(16, 32, 64)),
                  lambda params, **flags: torch.optim.SGD(params, lr=0.01, momentum=0.9, **flags),
                  lambda: (torch.randn(32, 3, 32, 32, device=device), torch.randint(0, 10, (32,), device=device)),
                  cross_entropy, images=True),
@@ -462,20 +431,6 @@ def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
     return out
 
 
-def print_text(rows: list[Row]) -> None:
-    table = [HEADINGS, *table_rows(rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADINGS))]
-    for line in table:
-        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip())
-
-
-def print_markdown(rows: list[Row]) -> None:
-    print("| " + " | ".join(HEADINGS) + " |")
-    print("|" + "|".join("---" if i < 2 else "---:" for i in range(len(HEADINGS))) + "|")
-    for line in table_rows(rows):
-        print("| " + " | ".join(line) + " |")
-
-
 def print_details(rows: list[Row], device: torch.device) -> None:
     print("\nPer step: the probe's wall time, noise, the launch profile, what was skipped and why:")
     for row in rows:
@@ -633,7 +588,7 @@ def main() -> None:
             rows.append(row)
             print(f"done: {name} (ours {row.result.seconds:.1f} s, by hand {row.hand_seconds:.1f} s)", flush=True)
         print()
-        (print_markdown if args.markdown else print_text)(rows)
+        print_table(HEADINGS, table_rows(rows), args.markdown)
         summary(rows)
         print_details(rows, device)
         print(f"\nWhole run: {time.perf_counter() - begun:.1f} s")
