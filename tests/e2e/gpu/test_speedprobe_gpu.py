@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from training_steps import Training, assert_same_state, state_of
+from training_steps import Training, assert_same_state, state_of, supervised
 
 from jupyter_gpu.speedprobe.flags import GlobalFlags
 from jupyter_gpu.speedprobe.runner import probe_speed
@@ -20,17 +19,8 @@ pytestmark = [pytest.mark.gpu,
 def on_cuda(model: nn.Module, optimizer: type, inputs: tuple[int, ...], outputs: int, **kwargs) -> Training:
     model = model.cuda()
     opt = optimizer(model.parameters(), **kwargs)
-
-    def step() -> torch.Tensor:
-        x = torch.randn(*inputs, device="cuda")
-        y = torch.randint(0, outputs, (inputs[0],), device="cuda")
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return Training(model, opt, step)
+    return supervised(model, opt, lambda: (torch.randn(*inputs, device="cuda"),
+                                          torch.randint(0, outputs, (inputs[0],), device="cuda")))
 
 
 def amp_recipe_net(width: int = 4096, layers: int = 3) -> nn.Module:
