@@ -172,6 +172,7 @@ class _Probe:
         self.repeat_noise: float | None = None
         self.sensitivity: dict[str, float | None] = {}
         self.single_runs: list[tuple[str, str | None, Run | None]] = []
+        self.judged_singles: list[OptionTrial] | None = None  # the singles once both baselines are in
         self.combination: OptionTrial | None = None
         self.compiled = False
         self.notes: list[str] = []
@@ -202,7 +203,9 @@ class _Probe:
         self.repeat_noise = relative_difference(second.update, first.update)
         self.baseline = self._trial("baseline", (), first, extra_times=second.times)
         self._note_drift(first, second)
-        members = decide.combination_members(self.singles())
+        # Judged once, with the pooled baseline and the repeatability: agreements compare every parameter.
+        self.judged_singles = self.singles()
+        members = decide.combination_members(self.judged_singles)
         if len(members) >= 2:
             run = self._measure(members, "the combination")
             self.combination = self._trial("+".join(members), members, run)
@@ -298,7 +301,7 @@ class _Probe:
 
     def result(self, interrupted: bool, restored: list[str], user_compiled: bool) -> SpeedProbeResult:
         baseline = self.baseline or OptionTrial("baseline", ())
-        singles_measured = self.singles()
+        singles_measured = self.judged_singles if self.judged_singles is not None else self.singles()
         best = decide.choose_best(singles_measured, self.combination)
         run = self.baseline_run
         notes = [f"{option}: {note}" for option, _, single in self.single_runs if single is not None
