@@ -329,10 +329,11 @@ def speedprobe_parser(prog: str = "%speedprobe") -> SentenceParser:
                                         "torch.compile buy on this training step, measured, with the numbers checked.",
                             usage="%(prog)s STEP [--try LIST] [--steps N] [-o] [-q]  (STEP() runs one training step: "
                                   "its own batch, forward, backward, optimizer step; it may return the loss)")
+    from jupyter_gpu.speedprobe.catalog import OPTION_NAMES
+
     parser.add_argument("--try", dest="options", type=_option_names, default=None, metavar="LIST",
                         help="options to try, e.g. amp-bf16,fused-optimizer (default every one that applies: "
-                             "amp-bf16, amp-fp16, tf32, cudnn-benchmark, channels-last, fused-optimizer, compile, "
-                             "compile-reduce-overhead)")
+                             f"{', '.join(OPTION_NAMES)})")
     parser.add_argument("--steps", type=_whole_number("--steps", 1), default=20, metavar="N",
                         help="steps each configuration runs; their losses are compared with the baseline's "
                              "(default 20)")

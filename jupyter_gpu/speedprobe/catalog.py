@@ -1,4 +1,4 @@
-"""The speed-ups `%speedprobe` knows: their names, what each changes, the number format it computes in, which
+"""The speed-ups `%speedprobe` knows: their names and titles, the number format each computes in, which
 ones exclude each other, and the lines of code a user types to adopt them. Pure Python.
 
 One table, read by the option parser (valid names), the runner (what to apply), the judge (which tolerance) and
@@ -23,25 +23,17 @@ class SpeedOption:
     title: str         # how the report names it
     format: str        # the number format its arithmetic rounds to
     group: str | None  # options of one group exclude each other: a combination takes the faster
-    what: str          # one line: what the probe changes while it runs
 
 
-OPTIONS: tuple[SpeedOption, ...] = (
-    SpeedOption("amp-bf16", "bf16 autocast", BF16, "amp",
-                "runs the step under torch.autocast(dtype=torch.bfloat16)"),
-    SpeedOption("amp-fp16", "fp16 autocast + GradScaler", FP16, "amp",
-                "runs the step under torch.autocast(dtype=torch.float16) with a GradScaler scaling the loss"),
-    SpeedOption("tf32", "TF32 matmuls and convolutions", TF32, None,
-                "sets torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32"),
-    SpeedOption("cudnn-benchmark", "cudnn.benchmark", FP32, None,
-                "sets torch.backends.cudnn.benchmark = True"),
-    SpeedOption("channels-last", "channels_last", FP32, None,
-                "converts the model to torch.channels_last"),
-    SpeedOption("fused-optimizer", "fused optimizer", FP32, None,
-                "switches the optimizer's param groups to fused=True (or foreach=True)"),
-    SpeedOption("compile", "torch.compile", FP32, "compile", "compiles the model's forward with torch.compile"),
-    SpeedOption("compile-reduce-overhead", "torch.compile reduce-overhead", FP32, "compile",
-                "compiles the model's forward with mode='reduce-overhead' (CUDA graphs)"),
+OPTIONS: tuple[SpeedOption, ...] = (  # how each is applied and undone: variants.py
+    SpeedOption("amp-bf16", "bf16 autocast", BF16, "amp"),
+    SpeedOption("amp-fp16", "fp16 autocast + GradScaler", FP16, "amp"),
+    SpeedOption("tf32", "TF32 matmuls and convolutions", TF32, None),
+    SpeedOption("cudnn-benchmark", "cudnn.benchmark", FP32, None),
+    SpeedOption("channels-last", "channels_last", FP32, None),
+    SpeedOption("fused-optimizer", "fused optimizer", FP32, None),
+    SpeedOption("compile", "torch.compile", FP32, "compile"),
+    SpeedOption("compile-reduce-overhead", "torch.compile reduce-overhead", FP32, "compile"),
 )
 OPTION_NAMES: tuple[str, ...] = tuple(option.name for option in OPTIONS)
 BY_NAME = {option.name: option for option in OPTIONS}
