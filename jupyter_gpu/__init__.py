@@ -11,8 +11,8 @@ from typing import Any
 from jupyter_gpu.version import __version__
 
 __all__ = ["BatchProbeResult", "Comparison", "DataProbeResult", "GpuCheckReport", "GpuTimeResult",
-           "GpuUnavailableError", "SpeedProbeResult", "__version__", "compare", "probe_batch_size", "probe_loader",
-           "probe_speed", "require_gpu"]
+           "GpuUnavailableError", "MemoryMap", "SpeedProbeResult", "__version__", "compare", "memory_map",
+           "probe_batch_size", "probe_loader", "probe_speed", "require_gpu"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -89,6 +89,14 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu.speedprobe.result import SpeedProbeResult
 
         return SpeedProbeResult
+    if name == "memory_map":
+        from jupyter_gpu.gpumem.runner import memory_map
+
+        return memory_map
+    if name == "MemoryMap":
+        from jupyter_gpu.gpumem.result import MemoryMap
+
+        return MemoryMap
     if name == "GpuCheckReport":
         from jupyter_gpu.gpucheck.report import GpuCheckReport
 

@@ -342,3 +342,29 @@ def speedprobe_parser(prog: str = "%speedprobe") -> SentenceParser:
     parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
     parser.add_argument("names", nargs="*", metavar="STEP", help="the training step function")
     return parser
+
+
+def gpumem_parser(prog: str = "%gpumem") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False,
+                            description="Who holds the memory in this notebook, named by the path you would type, "
+                                        "reconciled with the allocator; and giving it back without a restart.",
+                            usage="%(prog)s [--device D] [--top N] [--free WHAT ...] [--watch [off]] [--history] "
+                                  "[-o] [-q]")
+    parser.add_argument("--device", default=None, metavar="D",
+                        help="cpu, cuda, cuda:N or all (default: the CUDA devices if this kernel uses CUDA, else "
+                             "the CPU)")
+    parser.add_argument("--top", type=_whole_number("--top", 1), default=20, metavar="N",
+                        help="rows the table shows, largest first (default 20); the rest are summed")
+    parser.add_argument("--free", nargs="+", default=None, metavar="WHAT",
+                        help="give memory back: outputs (Out, _, _N and the hidden _ %%reset out leaves), "
+                             "traceback (what the last error keeps), cache (the allocator's cache), or variable "
+                             "names (each with IPython's copies of it)")
+    parser.add_argument("--watch", nargs="?", const="on", choices=["on", "off"], default=None,
+                        help="record memory after every cell (--watch off stops)")
+    parser.add_argument("--history", action="store_true",
+                        help="per-cell growth since --watch, and the cells that keep growing")
+    parser.add_argument("-o", dest="return_result", action="store_true",
+                        help="return the result (MemoryMap: .entries, .coverage, .remainders; or the release or "
+                             "history report)")
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    return parser

@@ -39,6 +39,8 @@ PURE = [
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
     "jupyter_gpu.speedprobe.decide", "jupyter_gpu.speedprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
+    "jupyter_gpu.gpumem", "jupyter_gpu.gpumem.result", "jupyter_gpu.gpumem.reconcile", "jupyter_gpu.gpumem.history",
+    "jupyter_gpu.gpumem.render",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
     "jupyter_gpu.server.attribution", "jupyter_gpu.server.prometheus", "jupyter_gpu.server.kernels",
@@ -58,7 +60,9 @@ PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nv
                   "jupyter_gpu.autoload.install", "jupyter_gpu.autoload.startup", "jupyter_gpu.dataprobe.loaders",
                   "jupyter_gpu.dataprobe.measure", "jupyter_gpu.dataprobe.pitfalls", "jupyter_gpu.dataprobe.runner",
                   "jupyter_gpu.speedprobe.flags", "jupyter_gpu.speedprobe.variants", "jupyter_gpu.speedprobe.measure",
-                  "jupyter_gpu.speedprobe.runner"]
+                  "jupyter_gpu.speedprobe.runner", "jupyter_gpu.gpumem.roots", "jupyter_gpu.gpumem.graph",
+                  "jupyter_gpu.gpumem.walk", "jupyter_gpu.gpumem.allocator", "jupyter_gpu.gpumem.free",
+                  "jupyter_gpu.gpumem.watch", "jupyter_gpu.gpumem.runner"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

@@ -8,6 +8,7 @@ from jupyter_gpu.options import (
     batchprobe_parser,
     check_parser,
     dataprobe_parser,
+    gpumem_parser,
     gpupanel_parser,
     gputime_parser,
     speedprobe_parser,
@@ -20,6 +21,7 @@ PARSERS = {
     "gpupanel": gpupanel_parser,
     "dataprobe": dataprobe_parser,
     "speedprobe": speedprobe_parser,
+    "gpumem": gpumem_parser,
 }
 
 

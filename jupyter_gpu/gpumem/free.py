@@ -1,0 +1,138 @@
+"""Give memory back without restarting the kernel: the output cache, the last error's frames, named variables, and
+the allocator's cache. Each release measures before and after, names what it could not free and who holds it,
+and says what to type next time so the memory is never held.
+
+Probe ring: it changes the notebook's namespaces and IPython's caches, never a variable the user did not name.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, MutableMapping
+from typing import Any
+
+from jupyter_gpu.batchprobe.release import release_last_error
+from jupyter_gpu.gpumem.allocator import levels
+from jupyter_gpu.gpumem.result import DeviceLevel, FreeReport, StillHeld
+from jupyter_gpu.gpumem.roots import OUTPUT, TRACEBACK, USER, forget_outputs
+from jupyter_gpu.gpumem.runner import GpuMemError, walk_notebook
+from jupyter_gpu.gpumem.walk import NotebookWalk
+from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
+
+KEYWORDS = ("outputs", "traceback", "cache")
+CACHED_BLOCKS = ("the freed blocks stay in PyTorch's cache for the next allocation; %gpumem --free cache hands "
+                 "them back to the GPU for other processes")
+SEMICOLON = "end a line that shows a tensor with ; (IPython then keeps no copy of it in Out, _ or _N)"
+
+
+def free(what: list[str], namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
+    """`--free outputs`, `--free traceback`, `--free cache`, or `--free NAME [NAME ...]`."""
+    torch = loaded_torch()
+    if torch is None:
+        raise GpuMemError("torch is not imported in this kernel: there is no tensor memory to free")
+    if what in (["outputs"], ["traceback"], ["cache"]):
+        return {"outputs": free_outputs, "traceback": free_traceback, "cache": free_cache}[what[0]](
+            torch, namespace, shell)
+    keywords = [word for word in what if word in KEYWORDS]
+    if keywords:
+        raise GpuMemError(f"--free {keywords[0]} goes alone; free variables in a separate call "
+                          f"(--free {' '.join(w for w in what if w not in KEYWORDS)})")
+    return free_names(torch, what, namespace, shell)
+
+
+def free_outputs(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
+    before_walk, before = _measure(torch, namespace, shell)
+    released = forget_outputs(namespace, shell)
+    return _finish(torch, "outputs", namespace, shell, before_walk, before, released,
+                   _holding(before_walk, _is_output),
+                   next_time=[SEMICOLON, "%xdel x instead of del x deletes a variable and IPython's copies of it"])
+
+
+def free_traceback(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
+    before_walk, before = _measure(torch, namespace, shell)
+    kept = _holding(before_walk, lambda holder, kind: kind == TRACEBACK)
+    frames = sorted({holder.split(",")[0].removeprefix("last error: ") for key in kept
+                     for holder, kind in before_walk.storages[key].holders.items() if kind == TRACEBACK})
+    cleared = release_last_error(shell)
+    notes = [] if cleared else ["no failed cell keeps frames alive"]
+    return _finish(torch, "traceback", namespace, shell, before_walk, before, frames, kept, notes=notes, next_time=[
+        "run %gpumem --free traceback right after an out-of-memory error; the traceback stays printable, but "
+        "%debug then shows no local variables"])
+
+
+def free_cache(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
+    walk = walk_notebook(torch, namespace, shell)
+    before = levels(torch, walk)
+    if not cuda_initialized(torch):
+        return FreeReport(target="cache", before=tuple(before), after=tuple(before), notes=(
+            "CUDA is not initialised in this kernel: there is no GPU allocator cache to return, and the CPU "
+            "allocator keeps none",))
+    gc.collect()
+    torch.cuda.empty_cache()
+    return FreeReport(target="cache", before=tuple(before), after=tuple(levels(torch, walk)),
+                      released=("torch.cuda.empty_cache()",), notes=(
+                          "PyTorch reserves memory again on its next allocation: this helps another process, or "
+                          "a notebook that will not need that much again",))
+
+
+def free_names(torch: Any, names: list[str], namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
+    missing = [name for name in names if name not in namespace]
+    if missing:
+        raise GpuMemError(f"there is no variable {missing[0]!r} in the notebook")
+    before_walk, before = _measure(torch, namespace, shell)
+    targets = _holding(before_walk, lambda holder, kind: kind == USER and holder in names)
+    cached = {holder for key in targets for holder, kind in before_walk.storages[key].holders.items()
+              if _is_output(holder, kind)}
+    released = list(names)
+    for name in names:
+        del namespace[name]
+    released += forget_outputs(namespace, shell, only=cached)
+    shown = ", ".join(names)
+    next_time = [f"%xdel {shown}" if cached else f"del {shown}"]
+    if cached:
+        next_time.append(SEMICOLON)
+    return _finish(torch, shown, namespace, shell, before_walk, before, released, targets, next_time=next_time)
+
+
+def _finish(torch: Any, target: str, namespace: MutableMapping[str, Any], shell: Any | None,
+            before_walk: NotebookWalk, before: list[DeviceLevel], released: list[str],
+            targets: set[tuple[str, int]], *, next_time: list[str], notes: list[str] | None = None) -> FreeReport:
+    """Measure after the release and name every target storage that is still alive, with who keeps it."""
+    gc.collect()  # tensors inside reference cycles (a graph, a module that kept its output) need the collector
+    after_walk = walk_notebook(torch, namespace, shell)
+    still: list[StillHeld] = []
+    for key in sorted(targets, key=lambda k: -before_walk.storages[k].bytes):
+        record = after_walk.storages.get(key)
+        if record is not None:
+            was = before_walk.storages[key]
+            still.append(StillHeld(path=_target_name(was.names, target), bytes=was.bytes, held_by=tuple(record.names)))
+    notes = list(notes or [])
+    if cuda_initialized(torch) and targets:
+        notes.append(CACHED_BLOCKS)
+    return FreeReport(target=target, before=tuple(before), after=tuple(levels(torch, after_walk)),
+                      released=tuple(released), still_held=tuple(still), next_time=tuple(next_time),
+                      notes=tuple(notes))
+
+
+def _measure(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None
+             ) -> tuple[NotebookWalk, list[DeviceLevel]]:
+    """The walk and the levels before a release."""
+    walk = walk_notebook(torch, namespace, shell)
+    return walk, levels(torch, walk)
+
+
+def _holding(walk: NotebookWalk, holder_matches: Callable[[str, str], bool]) -> set[tuple[str, int]]:
+    """The storages that some holder (root path, root kind) passing the test keeps alive."""
+    return {key for key, record in walk.storages.items()
+            if any(holder_matches(holder, kind) for holder, kind in record.holders.items())}
+
+
+def _is_output(holder: str, kind: str) -> bool:
+    return kind == OUTPUT
+
+
+def _target_name(names: list[str], target: str) -> str:
+    """The name the user asked to free, as the walk had it ("x", "Out[3]"), else the storage's first name."""
+    wanted = [name for name in names if name.split(".")[0].split("[")[0] in target.split(", ")]
+    return (wanted or names)[0]
+

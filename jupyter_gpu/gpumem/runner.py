@@ -1,0 +1,108 @@
+"""`%gpumem` end to end: walk the notebook, read the allocator, reconcile, and return a `MemoryMap`.
+
+Probe ring. Never imports torch (a kernel without torch has no tensors) and never initialises CUDA.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from jupyter_gpu.gpumem.allocator import device_totals
+from jupyter_gpu.gpumem.reconcile import remainders
+from jupyter_gpu.gpumem.result import DeviceTotals, MemoryMap
+from jupyter_gpu.gpumem.roots import notebook_roots
+from jupyter_gpu.gpumem.walk import Limits, NotebookWalk
+from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
+from jupyter_gpu.units import format_bytes
+
+NO_TORCH = "torch is not imported in this kernel: no tensors to explain"
+NO_CUDA = ("CUDA is not initialised in this kernel, so there is no GPU memory to explain (and %gpumem does not "
+           "start CUDA); these are the CPU tensors")
+
+
+class GpuMemError(ValueError):
+    """A request %gpumem cannot answer (an unknown device); its message is one sentence for the user."""
+
+
+def walk_notebook(torch: Any, namespace: Mapping[str, Any], shell: Any | None,
+                  limits: Limits | None = None) -> NotebookWalk:
+    """One walk from every root of the notebook; the roots (strong references) are dropped on return."""
+    roots = notebook_roots(namespace, shell)
+    try:
+        return NotebookWalk(torch, limits).walk(roots)
+    finally:
+        roots.clear()
+
+
+def map_memory(namespace: Mapping[str, Any], shell: Any | None = None, *, device: str | None = None,
+               top: int = 20, limits: Limits | None = None) -> MemoryMap:
+    """Every tensor storage reachable from the notebook, named, with each device's reconciliation.
+
+    `device`: "cuda", "cuda:1", "cpu" or "all"; by default the CUDA devices when this kernel uses CUDA, else the CPU.
+    """
+    started = time.perf_counter()
+    torch = loaded_torch()
+    if torch is None:
+        return MemoryMap(entries=(), devices=(), notes=(NO_TORCH,), top=top, seconds=time.perf_counter() - started)
+    walk = walk_notebook(torch, namespace, shell, limits)
+    totals = device_totals(torch, walk)
+    chosen, notes = _chosen_devices(torch, totals, device)
+    entries = tuple(entry for entry in walk.entries() if entry.device in chosen)
+    shown = tuple(t for t in totals if t.device in chosen)
+    found = tuple(remainder for t in shown for remainder in remainders(t))
+    return MemoryMap(entries=entries, devices=shown, remainders=found, notes=tuple(notes + walk.notes), top=top,
+                     objects_visited=walk.visits, seconds=time.perf_counter() - started)
+
+
+def _chosen_devices(torch: Any, totals: list[DeviceTotals], device: str | None) -> tuple[set[str], list[str]]:
+    present = [t.device for t in totals]
+    notes: list[str] = []
+    if device in (None, ""):
+        cuda = [name for name in present if name.startswith("cuda")]
+        if cuda:
+            cpu = next((t for t in totals if t.device == "cpu"), None)
+            if cpu is not None:
+                notes.append(f"the CPU holds {format_bytes(cpu.total_bytes)} in tensors too: %gpumem --device cpu "
+                             "lists them")
+            return set(cuda), notes
+        if not cuda_initialized(torch):
+            notes.append(NO_CUDA)
+        return {"cpu"}, notes
+    if device == "all":
+        return set(present), notes
+    if device == "cuda":
+        if not cuda_initialized(torch):
+            raise GpuMemError("CUDA is not initialised in this kernel, so no tensor lives on a GPU; "
+                              "%gpumem --device cpu lists the CPU tensors")
+        return {name for name in present if name.startswith("cuda")}, notes
+    if device == "cpu" or (device.startswith("cuda:") and device[5:].isdigit()):
+        if device.startswith("cuda") and device not in present:
+            raise GpuMemError(f"this kernel holds no memory on {device}; it has memory on "
+                              f"{', '.join(present) or 'no device'}")
+        return {device}, notes
+    raise GpuMemError(f"unknown device {device!r}: use cpu, cuda, cuda:N or all")
+
+
+def memory_map(namespace: Mapping[str, Any] | None = None, *, device: str | None = None,
+               top: int = 20) -> MemoryMap:
+    """`%gpumem` from code: the memory map of `namespace` (a script's `globals()`), or of the running notebook.
+
+    In a notebook the output cache and the last error's frames are walked too.
+    """
+    shell = _running_shell()
+    if namespace is None:
+        if shell is None:
+            raise GpuMemError("memory_map() needs a namespace outside IPython, e.g. memory_map(globals())")
+        namespace = shell.user_ns
+    elif shell is not None and namespace is not shell.user_ns:
+        shell = None  # another namespace: the notebook's caches are not its holders
+    return map_memory(namespace, shell, device=device, top=top)
+
+
+def _running_shell() -> Any | None:
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None

@@ -1,0 +1,342 @@
+"""Walk everything reachable from the notebook and name each tensor storage by the path a user would type.
+
+Probe ring: it reads objects and never calls their code. Attributes are read from `__dict__` and slots, never
+through `getattr` on the object (a property or a failing `__getattr__` does not run), containers are read item by
+item, functions only through their closure cells and defaults. Each storage is counted once however many tensors
+(views) and names reach it; the walk keeps no reference to anything it found once it returns: the records hold
+names, sizes and data pointers only.
+
+Bounded: at most `Limits.depth` steps below a root, `Limits.items` items per container and `Limits.visits` objects
+in all; every cut is reported in `notes` so a short count is never silent.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import types
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpu.gpumem.graph import GraphTooLarge, saved_tensors
+from jupyter_gpu.gpumem.result import KIND_RANK, MAX_NAMES, MemoryEntry
+from jupyter_gpu.gpumem.roots import Root
+
+PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE, GRAPH = (
+    "parameter", "buffer", "gradient", "optimizer state", "autograd graph")
+# Packages whose objects hold the notebook itself (the shell, its kernel, its event loop): walking them would walk
+# the namespace again under another name and a large configuration graph with it.
+_FOREIGN_PACKAGES = ("IPython", "ipykernel", "traitlets", "zmq", "tornado", "asyncio", "jupyter_client",
+                     "ipywidgets", "comm", "jupyter_gpu")
+_OPAQUE = (str, bytes, bytearray, int, float, complex, bool, type(None), type, range, memoryview, types.ModuleType,
+           types.BuiltinFunctionType, types.BuiltinMethodType, types.CodeType, types.FrameType)
+# Module attributes the walk reads through named_parameters / named_buffers / named_modules instead.
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    depth: int = 12             # steps below a root: history['val'][3] is two
+    items: int = 100_000        # items read per container (a list of 10,000 activations is read whole)
+    visits: int = 1_000_000     # objects looked into in one walk
+
+
+@dataclass
+class StorageRecord:
+    """What the walk knows about one storage: its size and every name that reaches it. No reference to it."""
+
+    device: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
+    path: str
+    kind: str
+    names: list[str] = field(default_factory=list)
+    more_names: int = 0
+    holders: dict[str, str] = field(default_factory=dict)  # root path (or alias) it is reached from -> root kind
+
+    def add_name(self, path: str, kind: str) -> None:
+        if path in self.names:
+            return
+        if KIND_RANK[kind] < KIND_RANK[self.kind]:
+            self.path, self.kind = path, kind  # the most specific holder names the entry
+            self.names.insert(0, path)
+        elif len(self.names) < MAX_NAMES:
+            self.names.append(path)
+        else:
+            self.more_names += 1
+        del self.names[MAX_NAMES:]
+
+    def entry(self) -> MemoryEntry:
+        return MemoryEntry(path=self.path, kind=self.kind, device=self.device, dtype=self.dtype, shape=self.shape,
+                           bytes=self.bytes, names=tuple(self.names), more_names=self.more_names)
+
+
+@dataclass
+class _Origin:
+    """The root a path starts from: its other names get the same path with their own prefix."""
+
+    root: Root
+
+    def paths(self, path: str, kind: str) -> Iterable[tuple[str, str, str, str]]:
+        """(path, kind, holder, holder kind) for the path and each alias of its root."""
+        yield path, kind, self.root.path, self.root.kind
+        suffix = path[len(self.root.path):] if path.startswith(self.root.path) else None
+        for alias, alias_kind in self.root.aliases:
+            if suffix is not None:
+                # Through an alias the tensor has the alias's kind, unless the walk found something more specific.
+                yield alias + suffix, kind if kind != "user variable" else alias_kind, alias, alias_kind
+            else:
+                yield path, kind, alias, alias_kind  # "graph of loss" keeps its label; the alias still holds it
+
+
+class NotebookWalk:
+    """One walk over a list of roots; `storages` maps (device, data pointer) to what was found there."""
+
+    def __init__(self, torch: Any, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._tensor = torch.Tensor
+        self._module = torch.nn.Module
+        self._optimizer = torch.optim.Optimizer
+        self.storages: dict[tuple[str, int], StorageRecord] = {}
+        self.visits = 0
+        self.notes: list[str] = []
+        self._visited: set[int] = set()
+        self._param_paths: dict[int, str] = {}
+        self._graphs: list[tuple[Any, str, _Origin]] = []
+        self._graph_nodes: set[int] = set()
+        self._unreadable: dict[str, int] = {}
+        self._deep: list[str] = []
+        self._long: list[str] = []
+        self._without_storage = 0
+        self._stopped = False
+
+    def walk(self, roots: list[Root]) -> NotebookWalk:
+        for root in roots:
+            if self._stopped:
+                break
+            origin = _Origin(root)
+            self._walk_from(root.value, root.path, root.kind, origin)
+        self._walk_graphs()
+        self._summarise_cuts()
+        return self
+
+    def entries(self) -> list[MemoryEntry]:
+        """Every storage found, largest first."""
+        return sorted((record.entry() for record in self.storages.values()), key=lambda e: (-e.bytes, e.path))
+
+    # The walk proper -------------------------------------------------------------------------------------------
+
+    def _walk_from(self, value: Any, path: str, kind: str, origin: _Origin) -> None:
+        pending: list[tuple[Any, str, int]] = [(value, path, 0)]
+        while pending:
+            item, item_path, depth = pending.pop()
+            item_type = type(item)
+            if item_type in _OPAQUE_TYPES or isinstance(item, _OPAQUE):
+                continue
+            if issubclass(item_type, self._tensor):
+                self._tensor_found(item, item_path, kind, origin)
+                continue
+            if id(item) in self._visited:
+                continue
+            if depth >= self.limits.depth:
+                self._deep.append(item_path)
+                continue
+            self.visits += 1
+            if self.visits > self.limits.visits:
+                self._stopped = True
+                self.notes.append(f"the walk stopped after {self.limits.visits:,} objects; what lies beyond them "
+                                  "is not named")
+                return
+            self._visited.add(id(item))
+            try:
+                children = self._children(item, item_type, item_path, origin)
+            except Exception as error:  # a broken object must not stop the walk; it is counted and reported
+                self._unreadable[f"{type(error).__name__} reading a {item_type.__name__}"] = (
+                    self._unreadable.get(f"{type(error).__name__} reading a {item_type.__name__}", 0) + 1)
+                continue
+            pending.extend((child, child_path, depth + 1) for child, child_path in reversed(children))
+
+    def _children(self, item: Any, item_type: type, path: str, origin: _Origin) -> list[tuple[Any, str]]:
+        if issubclass(item_type, self._module):
+            return self._module_found(item, path, origin)
+        if issubclass(item_type, self._optimizer):
+            return self._optimizer_found(item, path, origin)
+        if issubclass(item_type, dict):
+            return [(value, f"{path}[{_key_text(key)}]") for key, value in self._items(item.items(), len(item), path)]
+        if issubclass(item_type, tuple) and hasattr(item_type, "_fields"):
+            return [(value, f"{path}.{name}") for name, value in zip(item_type._fields, item, strict=False)]
+        if issubclass(item_type, list | tuple) or item_type.__name__ == "deque":
+            return [(value, f"{path}[{index}]") for index, value in self._items(enumerate(item), len(item), path)]
+        if issubclass(item_type, set | frozenset):
+            return [(value, f"list({path})[{index}]") for index, value in self._items(enumerate(item), len(item), path)]
+        if item_type is types.FunctionType:
+            return _function_children(item, path)
+        if item_type is types.MethodType:
+            return [(item.__self__, f"{path}.__self__")]
+        if item_type is functools.partial:
+            return [(item.func, f"{path}.func"), *((arg, f"{path}.args[{i}]") for i, arg in enumerate(item.args)),
+                    *((value, f"{path}.keywords[{key!r}]") for key, value in item.keywords.items())]
+        if item_type is types.GeneratorType:
+            frame = item.gi_frame  # None once the generator finished
+            return [] if frame is None else [(v, f"{path}.<frame>.{name}") for name, v in frame.f_locals.items()]
+        if item_type.__module__.split(".", 1)[0] in _FOREIGN_PACKAGES:
+            return []
+        return self._attributes(item, item_type, path)
+
+    def _items(self, items: Iterable[Any], size: int, path: str) -> list[Any]:
+        if size > self.limits.items:
+            self._long.append(f"{path} ({size:,} items)")
+        return list(itertools.islice(items, self.limits.items))
+
+    def _attributes(self, item: Any, item_type: type, path: str) -> list[tuple[Any, str]]:
+        found: list[tuple[Any, str]] = []
+        try:
+            state = object.__getattribute__(item, "__dict__")
+        except AttributeError:
+            state = None
+        if isinstance(state, dict):
+            found += [(value, f"{path}.{name}") for name, value in self._items(state.items(), len(state), path)]
+        for klass in item_type.__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                descriptor = klass.__dict__.get(slot)
+                if slot in ("__dict__", "__weakref__") or descriptor is None or not hasattr(descriptor, "__get__"):
+                    continue
+                try:
+                    found.append((descriptor.__get__(item, klass), f"{path}.{slot}"))
+                except AttributeError:
+                    continue  # an unset slot
+        return found
+
+    # Torch objects -------------------------------------------------------------------------------------------------
+
+    def _tensor_found(self, tensor: Any, path: str, kind: str, origin: _Origin) -> None:
+        self._record(tensor, path, kind, origin)
+        if tensor.is_leaf:
+            grad = tensor.grad  # a non-leaf's .grad warns and is None unless retain_grad() was called
+            if grad is not None:
+                self._record(grad, f"{path}.grad", GRADIENT, origin)
+        elif tensor.grad_fn is not None:
+            self._graphs.append((tensor.grad_fn, f"graph of {path}", origin))
+
+    def _module_found(self, module: Any, path: str, origin: _Origin) -> list[tuple[Any, str]]:
+        for name, parameter in module.named_parameters(prefix=path, remove_duplicate=False):
+            self._param_paths.setdefault(id(parameter), name)
+            self._record(parameter, name, PARAMETER, origin)
+            if parameter.grad is not None:
+                self._record(parameter.grad, f"{name}.grad", GRADIENT, origin)
+        for name, buffer in module.named_buffers(prefix=path, remove_duplicate=False):
+            if buffer is not None:
+                self._record(buffer, name, BUFFER, origin)
+        children: list[tuple[Any, str]] = []
+        for name, submodule in module.named_modules(prefix=path):
+            self._visited.add(id(submodule))
+            state = object.__getattribute__(submodule, "__dict__")
+            children += [(value, f"{name}.{attribute}") for attribute, value in state.items()
+                         if attribute not in _MODULE_TABLES]
+        return children
+
+    def _optimizer_found(self, optimizer: Any, path: str, origin: _Origin) -> list[tuple[Any, str]]:
+        children: list[tuple[Any, str]] = []
+        state = optimizer.state
+        for group_index, group in enumerate(optimizer.param_groups):
+            for index, parameter in enumerate(group["params"]):
+                slot = f"{path}.param_groups[{group_index}]['params'][{index}]"
+                self._record(parameter, slot, PARAMETER, origin)
+                owner = self._param_paths.get(id(parameter), slot)
+                per_parameter = state.get(parameter) if isinstance(state, dict) else None
+                for key, value in (per_parameter or {}).items():
+                    value_path = f"{path}.state[{owner}][{_key_text(key)}]"
+                    if issubclass(type(value), self._tensor):
+                        self._record(value, value_path, OPTIMIZER_STATE, origin)
+                    else:
+                        children.append((value, value_path))
+        attributes = object.__getattribute__(optimizer, "__dict__")
+        children += [(value, f"{path}.{name}") for name, value in attributes.items()
+                     if name not in ("state", "param_groups", "defaults")]
+        return children
+
+    def _record(self, tensor: Any, path: str, kind: str, origin: _Origin) -> None:
+        try:
+            storage = tensor.untyped_storage()
+            pointer = storage.data_ptr()
+            size = storage.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+            self._without_storage += 1  # sparse, nested, fake and meta tensors hold no plain storage to count
+            return
+        if not pointer:
+            return  # an empty tensor, or one on the meta device
+        device = str(tensor.device)
+        key = (device, pointer)
+        record = self.storages.get(key)
+        for name, name_kind, holder, holder_kind in origin.paths(path, kind):
+            if record is None:
+                record = StorageRecord(device=device, dtype=_dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+                                       bytes=size, path=name, kind=name_kind, names=[name])
+                self.storages[key] = record
+            else:
+                record.add_name(name, name_kind)
+            record.holders[holder] = holder_kind
+
+    def _walk_graphs(self) -> None:
+        """The saved tensors behind every kept output with a grad_fn, after everything else is named."""
+        for grad_fn, label, origin in self._graphs:
+            try:
+                for tensor in saved_tensors(grad_fn, self._graph_nodes, self._tensor):
+                    self._record(tensor, label, GRAPH, origin)
+            except GraphTooLarge as error:
+                self.notes.append(f"{label}: {error}")
+        self._graphs.clear()
+
+    def _summarise_cuts(self) -> None:
+        if self._deep:
+            self.notes.append(f"{len(self._deep):,} objects more than {self.limits.depth} steps deep were not looked "
+                              f"into, e.g. {self._deep[0]}")
+        if self._long:
+            shown = ", ".join(self._long[:3])
+            self.notes.append(f"only the first {self.limits.items:,} items of {len(self._long)} large container(s) "
+                              f"were read: {shown}")
+        for what, count in self._unreadable.items():
+            self.notes.append(f"{count} object(s) could not be read ({what}); the walk went on without them")
+        if self._without_storage:
+            self.notes.append(f"{self._without_storage} tensor(s) without a plain storage (sparse, nested, meta) "
+                              "are not counted")
+        self._deep.clear()
+        self._long.clear()
+
+
+_OPAQUE_TYPES = frozenset(_OPAQUE)
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as the user would type it: 'val', 3, (0, 1); anything else by its type."""
+    if isinstance(key, str | int | float | bool | type(None)) or (
+            isinstance(key, tuple) and all(isinstance(k, str | int) for k in key) and len(key) <= 4):
+        text = repr(key)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"<{type(key).__name__}>"
+
+
+def _function_children(function: types.FunctionType, path: str) -> list[tuple[Any, str]]:
+    """A notebook function's closure cells and default values: where a tensor hides in a function."""
+    children: list[tuple[Any, str]] = []
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=False):
+        try:
+            children.append((cell.cell_contents, f"{path}.<closure>.{name}"))
+        except ValueError:
+            continue  # an empty cell: the variable was never assigned
+    for index, value in enumerate(function.__defaults__ or ()):
+        children.append((value, f"{path}.__defaults__[{index}]"))
+    for name, value in (function.__kwdefaults__ or {}).items():
+        children.append((value, f"{path}.__kwdefaults__[{name!r}]"))
+    return children
