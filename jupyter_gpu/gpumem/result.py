@@ -29,6 +29,7 @@ class MemoryEntry:
     bytes: int                     # the storage's bytes (a view's storage is counted whole, once)
     names: tuple[str, ...] = ()    # every path found, `path` first (at most MAX_NAMES)
     more_names: int = 0            # paths found beyond those kept in `names`
+    address: int = 0               # the storage's data pointer: matches a block of torch.cuda.memory._snapshot()
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shape": list(self.shape), "names": list(self.names)}

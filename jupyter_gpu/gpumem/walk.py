@@ -54,6 +54,7 @@ class StorageRecord:
     kind: str
     names: list[str] = field(default_factory=list)
     more_names: int = 0
+    address: int = 0
     holders: dict[str, str] = field(default_factory=dict)  # root path (or alias) it is reached from -> root kind
 
     def add_name(self, path: str, kind: str) -> None:
@@ -70,7 +71,8 @@ class StorageRecord:
 
     def entry(self) -> MemoryEntry:
         return MemoryEntry(path=self.path, kind=self.kind, device=self.device, dtype=self.dtype, shape=self.shape,
-                           bytes=self.bytes, names=tuple(self.names), more_names=self.more_names)
+                           bytes=self.bytes, names=tuple(self.names), more_names=self.more_names,
+                           address=self.address)
 
 
 @dataclass
@@ -274,7 +276,7 @@ class NotebookWalk:
         for name, name_kind, holder, holder_kind in origin.paths(path, kind):
             if record is None:
                 record = StorageRecord(device=device, dtype=_dtype_name(tensor.dtype), shape=tuple(tensor.shape),
-                                       bytes=size, path=name, kind=name_kind, names=[name])
+                                       bytes=size, path=name, kind=name_kind, names=[name], address=pointer)
                 self.storages[key] = record
             else:
                 record.add_name(name, name_kind)

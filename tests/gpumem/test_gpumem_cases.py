@@ -1,0 +1,98 @@
+"""The issue's goal on the CPU, for real: in each of the six notebook cases at least 95% of the bytes the case holds
+are named by path, and after the matching `%gpumem --free`, the memory is back to where it started (within 1 MiB)
+with every weak reference dead, in the same shell, with no restart.
+
+What the case holds is counted independently of %gpumem: a dispatch mode (the `StorageCounter` %batchprobe budgets
+with) sees every storage the case's cells allocate and drops it through a weak reference when it is freed.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import pytest
+import torch
+from gpumem_cases import CASES, MemoryCase
+
+from jupyter_gpu.batchprobe.budget import StorageCounter
+from jupyter_gpu.batchprobe.release import last_error_frames, release_last_error
+from jupyter_gpu.gpumem.roots import forget_outputs
+
+MIB = 1024 * 1024
+
+
+def fresh(shell) -> None:
+    """A notebook with nothing from earlier tests: no user variable, output cache, hidden _ or last error."""
+    release_last_error(shell)
+    for name in ("last_value", "last_exc", "last_traceback", "last_type"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    shell.InteractiveTB.tb = None
+    forget_outputs(shell.user_ns, shell)
+    for name in [n for n in shell.user_ns if n not in shell.user_ns_hidden and not n.startswith("_")]:
+        del shell.user_ns[name]
+    gc.collect()
+
+
+def run(shell, code: str, *, fails: bool = False) -> None:
+    result = shell.run_cell(code, store_history=True)
+    assert (result.error_in_exec is not None) == fails, result.error_in_exec
+
+
+def targets(shell, case: MemoryCase) -> list[weakref.ref]:
+    if case.targets == "LAST_ERROR_LOCALS":
+        values = [value for frame in last_error_frames(shell) for value in frame.f_locals.values()
+                  if isinstance(value, torch.Tensor)]
+    else:
+        values = shell.ev(case.targets)
+    assert values, "the case holds nothing to check"
+    refs = [weakref.ref(value) for value in values]
+    del values
+    if case.targets == "kept":
+        shell.user_ns.pop("kept")  # the list was only there to reach the deleted tensor
+    return refs
+
+
+def expected_paths(shell, case: MemoryCase) -> list[str]:
+    out = max(shell.history_manager.output_hist, default=0)
+    return [path.format(n=out) for path in case.paths]
+
+
+@pytest.fixture
+def notebook(shell):
+    shell.run_line_magic("load_ext", "jupyter_gpu")
+    fresh(shell)
+    shell.run_cell("import torch, torch.nn as nn\nDEVICE = 'cpu'\ntorch.manual_seed(0);")
+    yield shell
+    fresh(shell)
+    shell.run_line_magic("unload_ext", "jupyter_gpu")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_each_case_is_named_and_given_back_to_where_it_started(notebook, case: MemoryCase) -> None:
+    if case.setup:
+        run(notebook, case.setup)
+    counter = StorageCounter(torch, "cpu")
+    with counter.trial():
+        for index, cell in enumerate(case.cells):
+            run(notebook, cell, fails=case.fails and index == len(case.cells) - 1)
+    held = counter.leftovers()  # data pointer -> bytes of what the case's cells allocated and still hold
+    assert sum(held.values()) > MIB, "the case must hold real memory"
+    refs = targets(notebook, case)
+
+    memory = notebook.run_line_magic("gpumem", "-o -q")
+    named = sum(entry.bytes for entry in memory.on("cpu") if entry.address in held)
+    assert named >= 0.95 * sum(held.values()), (case.name, named, held, memory.entries)
+    shown = {name for entry in memory.entries for name in entry.names}
+    assert [path for path in expected_paths(notebook, case) if path not in shown] == []
+
+    report = notebook.run_line_magic("gpumem", f"{case.free} -o -q")
+    gc.collect()
+    left = counter.leftovers()
+    assert sum(left.values()) <= MIB, (case.name, left, report.still_held)
+    assert [ref for ref in refs if ref() is not None] == []
+    assert report.freed_bytes("cpu") >= 0.95 * sum(held.values())
+    assert report.next_time, "every release says what to type next time"
+    counter.close()
