@@ -24,19 +24,27 @@ def _saved_attributes(node_type: type) -> tuple[str, ...]:
     return tuple(name for name in dir(node_type) if name.startswith("_raw_saved_"))
 
 
-def saved_tensors(grad_fn: Any, seen: set[int], tensor_type: type) -> Iterator[Any]:
-    """Every tensor the graph ending at `grad_fn` saved, each node visited once across calls sharing `seen`.
+def saved_tensors(grad_fn: Any, owners: dict[int, str], label: str, shared: set[str],
+                  tensor_type: type) -> Iterator[Any]:
+    """Every tensor the graph ending at `grad_fn` saved, each node visited once across calls sharing `owners`.
 
-    Parameters reached through AccumulateGrad nodes are not yielded: they are the model's, not the graph's.
-    Raises `GraphTooLarge` (after yielding what it found) past MAX_NODES nodes.
+    `owners` maps each node visited so far to the label of the graph that reached it first; this graph's nodes get
+    `label`. The labels of earlier graphs this one runs into (`loss` computed from a kept `out`) are added to
+    `shared`: their saved tensors are this graph's too. Parameters reached through AccumulateGrad nodes are not
+    yielded: they are the model's, not the graph's. Raises `GraphTooLarge` past MAX_NODES nodes.
     """
     pending = [grad_fn]
     while pending:
         node = pending.pop()
-        if node is None or id(node) in seen:
+        if node is None:
             continue
-        seen.add(id(node))
-        if len(seen) > MAX_NODES:
+        owner = owners.get(id(node))
+        if owner is not None:
+            if owner != label:
+                shared.add(owner)
+            continue
+        owners[id(node)] = label
+        if len(owners) > MAX_NODES:
             raise GraphTooLarge(MAX_NODES)
         for name in _saved_attributes(type(node)):
             try:

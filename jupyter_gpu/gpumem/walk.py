@@ -107,7 +107,7 @@ class NotebookWalk:
         self._visited: set[int] = set()
         self._param_paths: dict[int, str] = {}
         self._graphs: list[tuple[Any, str, _Origin]] = []
-        self._graph_nodes: set[int] = set()
+        self._graph_nodes: dict[int, str] = {}
         self._unreadable: dict[str, int] = {}
         self._deep: list[str] = []
         self._long: list[str] = []
@@ -285,11 +285,19 @@ class NotebookWalk:
     def _walk_graphs(self) -> None:
         """The saved tensors behind every kept output with a grad_fn, after everything else is named."""
         for grad_fn, label, origin in self._graphs:
+            shared: set[str] = set()
             try:
-                for tensor in saved_tensors(grad_fn, self._graph_nodes, self._tensor):
+                for tensor in saved_tensors(grad_fn, self._graph_nodes, label, shared, self._tensor):
                     self._record(tensor, label, GRAPH, origin)
             except GraphTooLarge as error:
                 self.notes.append(f"{label}: {error}")
+            if shared:
+                # Part of this graph was reached first from another kept output: its saved tensors hold for both.
+                for record in self.storages.values():
+                    if any(name in shared for name in record.names):
+                        for name, kind, holder, holder_kind in origin.paths(label, GRAPH):
+                            record.add_name(name, kind)
+                            record.holders[holder] = holder_kind
         self._graphs.clear()
 
     def _summarise_cuts(self) -> None:

@@ -9,55 +9,14 @@ with) sees every storage the case's cells allocate and drops it through a weak r
 from __future__ import annotations
 
 import gc
-import sys
-import weakref
 
 import pytest
 import torch
-from gpumem_cases import CASES, MemoryCase
+from gpumem_cases import CASES, MemoryCase, expected_paths, fresh, run, targets
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
-from jupyter_gpu.batchprobe.release import last_error_frames, release_last_error
-from jupyter_gpu.gpumem.roots import forget_outputs
 
 MIB = 1024 * 1024
-
-
-def fresh(shell) -> None:
-    """A notebook with nothing from earlier tests: no user variable, output cache, hidden _ or last error."""
-    release_last_error(shell)
-    for name in ("last_value", "last_exc", "last_traceback", "last_type"):
-        if hasattr(sys, name):
-            setattr(sys, name, None)
-    shell.InteractiveTB.tb = None
-    forget_outputs(shell.user_ns, shell)
-    for name in [n for n in shell.user_ns if n not in shell.user_ns_hidden and not n.startswith("_")]:
-        del shell.user_ns[name]
-    gc.collect()
-
-
-def run(shell, code: str, *, fails: bool = False) -> None:
-    result = shell.run_cell(code, store_history=True)
-    assert (result.error_in_exec is not None) == fails, result.error_in_exec
-
-
-def targets(shell, case: MemoryCase) -> list[weakref.ref]:
-    if case.targets == "LAST_ERROR_LOCALS":
-        values = [value for frame in last_error_frames(shell) for value in frame.f_locals.values()
-                  if isinstance(value, torch.Tensor)]
-    else:
-        values = shell.ev(case.targets)
-    assert values, "the case holds nothing to check"
-    refs = [weakref.ref(value) for value in values]
-    del values
-    if case.targets == "kept":
-        shell.user_ns.pop("kept")  # the list was only there to reach the deleted tensor
-    return refs
-
-
-def expected_paths(shell, case: MemoryCase) -> list[str]:
-    out = max(shell.history_manager.output_hist, default=0)
-    return [path.format(n=out) for path in case.paths]
 
 
 @pytest.fixture

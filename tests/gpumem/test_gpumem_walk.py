@@ -208,3 +208,13 @@ def test_asking_for_a_gpu_the_kernel_does_not_use_is_one_sentence(device: str) -
 
     with pytest.raises(GpuMemError, match=r"CUDA is not initialised|no memory on cuda:0"):
         map_memory({"x": torch.randn(8)}, device=device)
+
+
+def test_a_graph_shared_by_two_kept_outputs_is_named_for_both() -> None:
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    out = mlp(torch.randn(128, 256))
+    loss = out.logsumexp(1).mean()
+    memory = map_memory({"mlp": mlp, "out": out, "loss": loss})
+    hidden = [entry for entry in memory.entries if entry.path == "graph of out" and entry.shape == (128, 1024)]
+    assert hidden and all("graph of loss" in entry.names for entry in hidden)
