@@ -13,7 +13,7 @@ from typing import Any
 
 from jupyter_gpu.batchprobe.release import release_last_error
 from jupyter_gpu.gpumem.allocator import levels
-from jupyter_gpu.gpumem.result import DeviceLevel, FreeReport, StillHeld
+from jupyter_gpu.gpumem.result import KIND_RANK, DeviceLevel, FreeReport, StillHeld
 from jupyter_gpu.gpumem.roots import OUTPUT, TRACEBACK, USER, forget_outputs
 from jupyter_gpu.gpumem.runner import GpuMemError, walk_notebook
 from jupyter_gpu.gpumem.walk import NotebookWalk
@@ -43,19 +43,18 @@ def free(what: list[str], namespace: MutableMapping[str, Any], shell: Any | None
 def free_outputs(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
     before_walk, before = _measure(torch, namespace, shell)
     released = forget_outputs(namespace, shell)
-    return _finish(torch, "outputs", namespace, shell, before_walk, before, released,
-                   _holding(before_walk, _is_output),
-                   next_time=[SEMICOLON, "%xdel x instead of del x deletes a variable and IPython's copies of it"])
+    return _finish(torch, "outputs", namespace, shell, before_walk, before, released, _is_output, next_time=[
+        SEMICOLON, "%xdel NAME instead of del NAME deletes a variable and IPython's copies of it"])
 
 
 def free_traceback(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
     before_walk, before = _measure(torch, namespace, shell)
-    kept = _holding(before_walk, lambda holder, kind: kind == TRACEBACK)
-    frames = sorted({holder.split(",")[0].removeprefix("last error: ") for key in kept
-                     for holder, kind in before_walk.storages[key].holders.items() if kind == TRACEBACK})
+    frames = sorted({holder.split(",")[0].removeprefix("last error: ") for record in before_walk.storages.values()
+                     for holder, kind in record.holders.items() if kind == TRACEBACK})
     cleared = release_last_error(shell)
     notes = [] if cleared else ["no failed cell keeps frames alive"]
-    return _finish(torch, "traceback", namespace, shell, before_walk, before, frames, kept, notes=notes, next_time=[
+    return _finish(torch, "traceback", namespace, shell, before_walk, before, frames,
+                   lambda holder, kind: kind == TRACEBACK, notes=notes, next_time=[
         "run %gpumem --free traceback right after an out-of-memory error; the traceback stays printable, but "
         "%debug then shows no local variables"])
 
@@ -80,7 +79,10 @@ def free_names(torch: Any, names: list[str], namespace: MutableMapping[str, Any]
     if missing:
         raise GpuMemError(f"there is no variable {missing[0]!r} in the notebook")
     before_walk, before = _measure(torch, namespace, shell)
-    targets = _holding(before_walk, lambda holder, kind: kind == USER and holder in names)
+    def named(holder: str, kind: str) -> bool:
+        return kind == USER and holder in names
+
+    targets = _holding(before_walk, named)
     cached = {holder for key in targets for holder, kind in before_walk.storages[key].holders.items()
               if _is_output(holder, kind)}
     released = list(names)
@@ -91,21 +93,32 @@ def free_names(torch: Any, names: list[str], namespace: MutableMapping[str, Any]
     next_time = [f"%xdel {shown}" if cached else f"del {shown}"]
     if cached:
         next_time.append(SEMICOLON)
-    return _finish(torch, shown, namespace, shell, before_walk, before, released, targets, next_time=next_time)
+    return _finish(torch, shown, namespace, shell, before_walk, before, released,
+                   lambda holder, kind: named(holder, kind) or holder in cached, next_time=next_time)
 
 
 def _finish(torch: Any, target: str, namespace: MutableMapping[str, Any], shell: Any | None,
             before_walk: NotebookWalk, before: list[DeviceLevel], released: list[str],
-            targets: set[tuple[str, int]], *, next_time: list[str], notes: list[str] | None = None) -> FreeReport:
-    """Measure after the release and name every target storage that is still alive, with who keeps it."""
+            freed: Callable[[str, str], bool], *, next_time: list[str], notes: list[str] | None = None) -> FreeReport:
+    """Measure after the release, and name what the release should have freed but something else still holds.
+
+    `freed(holder, kind)` tells the holders (roots) the release dropped. A storage they held that is still alive is
+    reported when the name the release dropped was as specific as what keeps it (`y` kept by `alias`, a model's
+    parameters kept by the optimizer); one whose owner is more specific (the weights a kept loss's graph saved,
+    still the model's) is not a surprise, and not reported.
+    """
     gc.collect()  # tensors inside reference cycles (a graph, a module that kept its output) need the collector
     after_walk = walk_notebook(torch, namespace, shell)
     still: list[StillHeld] = []
+    targets = _holding(before_walk, freed)
     for key in sorted(targets, key=lambda k: -before_walk.storages[k].bytes):
         record = after_walk.storages.get(key)
-        if record is not None:
-            was = before_walk.storages[key]
-            still.append(StillHeld(path=_target_name(was.names, target), bytes=was.bytes, held_by=tuple(record.names)))
+        if record is None:
+            continue
+        was = before_walk.storages[key]
+        asked, asked_kind = next(was.path_of[h] for h, kind in was.holders.items() if freed(h, kind))
+        if KIND_RANK[asked_kind] <= KIND_RANK[record.kind]:
+            still.append(StillHeld(path=asked, bytes=was.bytes, held_by=tuple(record.names)))
     notes = list(notes or [])
     if cuda_initialized(torch) and targets:
         notes.append(CACHED_BLOCKS)
@@ -130,9 +143,4 @@ def _holding(walk: NotebookWalk, holder_matches: Callable[[str, str], bool]) -> 
 def _is_output(holder: str, kind: str) -> bool:
     return kind == OUTPUT
 
-
-def _target_name(names: list[str], target: str) -> str:
-    """The name the user asked to free, as the walk had it ("x", "Out[3]"), else the storage's first name."""
-    wanted = [name for name in names if name.split(".")[0].split("[")[0] in target.split(", ")]
-    return (wanted or names)[0]
 

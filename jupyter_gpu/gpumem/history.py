@@ -48,6 +48,10 @@ def find_leaks(records: list[CellRecord]) -> list[Leak]:
 
 def new_entries(previous: dict[tuple[str, int], tuple[str, int]],
                 current: dict[tuple[str, int], tuple[str, int]]) -> tuple[tuple[str, int], ...]:
-    """(path, bytes) of the largest storages in `current` that `previous` did not have."""
-    added = [current[key] for key in current.keys() - previous.keys()]
-    return tuple(sorted(added, key=lambda pair: -pair[1])[:NEW_ENTRIES])
+    """(path, bytes) of the largest holders of storages in `current` that `previous` did not have; the storages of
+    one path (the tensors a graph saved) are summed, as the map's table shows them."""
+    added: dict[str, int] = {}
+    for key in current.keys() - previous.keys():
+        path, size = current[key]
+        added[path] = added.get(path, 0) + size
+    return tuple(sorted(added.items(), key=lambda pair: -pair[1])[:NEW_ENTRIES])

@@ -72,11 +72,12 @@ def _chosen_devices(torch: Any, totals: list[DeviceTotals], device: str | None) 
         return {"cpu"}, notes
     if device == "all":
         return set(present), notes
-    if device == "cuda":
+    if device == "cuda" or device.startswith("cuda:"):
         if not cuda_initialized(torch):
             raise GpuMemError("CUDA is not initialised in this kernel, so no tensor lives on a GPU; "
                               "%gpumem --device cpu lists the CPU tensors")
-        return {name for name in present if name.startswith("cuda")}, notes
+        if device == "cuda":
+            return {name for name in present if name.startswith("cuda")}, notes
     if device == "cpu" or (device.startswith("cuda:") and device[5:].isdigit()):
         if device.startswith("cuda") and device not in present:
             raise GpuMemError(f"this kernel holds no memory on {device}; it has memory on "

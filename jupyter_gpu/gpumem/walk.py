@@ -56,6 +56,8 @@ class StorageRecord:
     more_names: int = 0
     address: int = 0
     holders: dict[str, str] = field(default_factory=dict)  # root path (or alias) it is reached from -> root kind
+    # holder -> (the first name it reaches this storage by, that name's kind)
+    path_of: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def add_name(self, path: str, kind: str) -> None:
         if path in self.names:
@@ -281,6 +283,7 @@ class NotebookWalk:
             else:
                 record.add_name(name, name_kind)
             record.holders[holder] = holder_kind
+            record.path_of.setdefault(holder, (name, name_kind))
 
     def _walk_graphs(self) -> None:
         """The saved tensors behind every kept output with a grad_fn, after everything else is named."""
@@ -298,6 +301,7 @@ class NotebookWalk:
                         for name, kind, holder, holder_kind in origin.paths(label, GRAPH):
                             record.add_name(name, kind)
                             record.holders[holder] = holder_kind
+                            record.path_of.setdefault(holder, (name, kind))
         self._graphs.clear()
 
     def _summarise_cuts(self) -> None:

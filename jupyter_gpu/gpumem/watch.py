@@ -37,7 +37,8 @@ class MemoryWatch:
             return
         self.shell.events.register("post_run_cell", self._after_cell)
         self.active = True
-        self.record(getattr(self.shell, "execution_count", 0), BASELINE)
+        # A running cell has already moved execution_count on to the next cell's number.
+        self.record(max(getattr(self.shell, "execution_count", 1) - 1, 0), BASELINE)
 
     def stop(self) -> None:
         if self.active:
