@@ -7,8 +7,10 @@ many cells keep growing. What was *not* freed, and who holds it, is always shown
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 
 from jupyter_gpu.gpumem.reconcile import total_line
 from jupyter_gpu.gpumem.result import (
@@ -382,20 +384,17 @@ def _history_html(result: MemoryHistory) -> str:
 # -- the renderings -----------------------------------------------------------------------------------------------
 
 def render_text(result: MemoryMap | FreeReport | MemoryHistory) -> str:
-    if isinstance(result, MemoryMap):
-        return _map_text(result)
-    if isinstance(result, FreeReport):
-        return _free_text(result)
-    if isinstance(result, MemoryHistory):
-        return _history_text(result)
-    raise TypeError(f"gpumem cannot render a {type(result).__name__}")
+    return _renderers(result)[0](result)
 
 
 def render_html(result: MemoryMap | FreeReport | MemoryHistory) -> str:
-    if isinstance(result, MemoryMap):
-        return _map_html(result)
-    if isinstance(result, FreeReport):
-        return _free_html(result)
-    if isinstance(result, MemoryHistory):
-        return _history_html(result)
+    return _renderers(result)[1](result)
+
+
+def _renderers(result: object) -> tuple[Callable[[Any], str], Callable[[Any], str]]:
+    """(text, html) renderer of a result type."""
+    for kind, renderers in ((MemoryMap, (_map_text, _map_html)), (FreeReport, (_free_text, _free_html)),
+                            (MemoryHistory, (_history_text, _history_html))):
+        if isinstance(result, kind):
+            return renderers
     raise TypeError(f"gpumem cannot render a {type(result).__name__}")
