@@ -48,7 +48,7 @@ def notebook_roots(namespace: Mapping[str, Any], shell: Any | None) -> list[Root
     roots = sorted(user_roots(namespace, hidden), key=_user_order)
     roots += output_roots(namespace, shell)
     roots += traceback_roots(shell)
-    return _merge_aliases(roots)
+    return merge_aliases(roots)
 
 
 def user_roots(namespace: Mapping[str, Any], hidden: Mapping[str, Any]) -> Iterator[Root]:
@@ -155,7 +155,7 @@ def _user_order(root: Root) -> int:
     return 2
 
 
-def _merge_aliases(roots: list[Root]) -> list[Root]:
+def merge_aliases(roots: list[Root]) -> list[Root]:
     """One root per object: `y`, `Out[3]`, `_3` and `__` showing the same tensor are walked once, named four times."""
     first: dict[int, Root] = {}
     merged: list[Root] = []

@@ -55,6 +55,7 @@ class StorageRecord:
     names: list[str] = field(default_factory=list)
     more_names: int = 0
     address: int = 0
+    has_graph: bool = False  # a tensor on it carries a grad_fn (a kept output): its graph keeps more alive
     holders: dict[str, str] = field(default_factory=dict)  # root path (or alias) it is reached from -> root kind
     # holder -> (the first name it reaches this storage by, that name's kind)
     path_of: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -62,8 +63,8 @@ class StorageRecord:
     def add_name(self, path: str, kind: str) -> None:
         if path in self.names:
             return
-        if KIND_RANK[kind] < KIND_RANK[self.kind]:
-            self.path, self.kind = path, kind  # the most specific holder names the entry
+        if name_order(path, kind) < name_order(self.path, self.kind):
+            self.path, self.kind = path, kind  # the most specific holder names the entry, by its shortest path
             self.names.insert(0, path)
         elif len(self.names) < MAX_NAMES:
             self.names.append(path)
@@ -75,6 +76,12 @@ class StorageRecord:
         return MemoryEntry(path=self.path, kind=self.kind, device=self.device, dtype=self.dtype, shape=self.shape,
                            bytes=self.bytes, names=tuple(self.names), more_names=self.more_names,
                            address=self.address)
+
+
+def name_order(path: str, kind: str) -> tuple[int, int]:
+    """Which of two names of one storage names it: the more specific kind (a parameter over a variable holding
+    it), then the shorter path (`kept['last']` over the hook's closure that also reaches it)."""
+    return KIND_RANK[kind], len(path)
 
 
 @dataclass
@@ -106,7 +113,8 @@ class NotebookWalk:
         self.storages: dict[tuple[str, int], StorageRecord] = {}
         self.visits = 0
         self.notes: list[str] = []
-        self._visited: set[int] = set()
+        self._visited: dict[int, str] = {}  # id of each object looked into -> the path it was first reached by
+        self._late_roots: list[tuple[str, _Origin]] = []  # roots an earlier root's walk had already looked into
         self._param_paths: dict[int, str] = {}
         self._graphs: list[tuple[Any, str, _Origin]] = []
         self._graph_nodes: dict[int, str] = {}
@@ -123,6 +131,7 @@ class NotebookWalk:
             origin = _Origin(root)
             self._walk_from(root.value, root.path, root.kind, origin)
         self._walk_graphs()
+        self._name_late_roots()
         self._summarise_cuts()
         return self
 
@@ -143,6 +152,8 @@ class NotebookWalk:
                 self._tensor_found(item, item_path, kind, origin)
                 continue
             if id(item) in self._visited:
+                if depth == 0:
+                    self._late_roots.append((self._visited[id(item)], origin))
                 continue
             if depth >= self.limits.depth:
                 self._deep.append(item_path)
@@ -153,7 +164,7 @@ class NotebookWalk:
                 self.notes.append(f"the walk stopped after {self.limits.visits:,} objects; what lies beyond them "
                                   "is not named")
                 return
-            self._visited.add(id(item))
+            self._visited[id(item)] = item_path
             try:
                 children = self._children(item, item_type, item_path, origin)
             except Exception as error:  # a broken object must not stop the walk; it is counted and reported
@@ -217,13 +228,15 @@ class NotebookWalk:
     # Torch objects -------------------------------------------------------------------------------------------------
 
     def _tensor_found(self, tensor: Any, path: str, kind: str, origin: _Origin) -> None:
-        self._record(tensor, path, kind, origin)
+        record = self._record(tensor, path, kind, origin)
         if tensor.is_leaf:
             grad = tensor.grad  # a non-leaf's .grad warns and is None unless retain_grad() was called
             if grad is not None:
                 self._record(grad, f"{path}.grad", GRADIENT, origin)
         elif tensor.grad_fn is not None:
             self._graphs.append((tensor.grad_fn, f"graph of {path}", origin))
+            if record is not None:
+                record.has_graph = True
 
     def _module_found(self, module: Any, path: str, origin: _Origin) -> list[tuple[Any, str]]:
         for name, parameter in module.named_parameters(prefix=path, remove_duplicate=False):
@@ -236,7 +249,7 @@ class NotebookWalk:
                 self._record(buffer, name, BUFFER, origin)
         children: list[tuple[Any, str]] = []
         for name, submodule in module.named_modules(prefix=path):
-            self._visited.add(id(submodule))
+            self._visited.setdefault(id(submodule), name)
             state = object.__getattribute__(submodule, "__dict__")
             children += [(value, f"{name}.{attribute}") for attribute, value in state.items()
                          if attribute not in _MODULE_TABLES]
@@ -262,16 +275,16 @@ class NotebookWalk:
                      if name not in ("state", "param_groups", "defaults")]
         return children
 
-    def _record(self, tensor: Any, path: str, kind: str, origin: _Origin) -> None:
+    def _record(self, tensor: Any, path: str, kind: str, origin: _Origin) -> StorageRecord | None:
         try:
             storage = tensor.untyped_storage()
             pointer = storage.data_ptr()
             size = storage.nbytes()
         except (RuntimeError, NotImplementedError, TypeError, AttributeError):
             self._without_storage += 1  # sparse, nested, fake and meta tensors hold no plain storage to count
-            return
+            return None
         if not pointer:
-            return  # an empty tensor, or one on the meta device
+            return None  # an empty tensor, or one on the meta device
         device = str(tensor.device)
         key = (device, pointer)
         record = self.storages.get(key)
@@ -284,6 +297,7 @@ class NotebookWalk:
                 record.add_name(name, name_kind)
             record.holders[holder] = holder_kind
             record.path_of.setdefault(holder, (name, name_kind))
+        return record
 
     def _walk_graphs(self) -> None:
         """The saved tensors behind every kept output with a grad_fn, after everything else is named."""
@@ -303,6 +317,24 @@ class NotebookWalk:
                             record.holders[holder] = holder_kind
                             record.path_of.setdefault(holder, (name, kind))
         self._graphs.clear()
+
+    def _name_late_roots(self) -> None:
+        """A variable that an earlier root's walk reached first (`kept`, which a model's forward hook closes over)
+        names what lies under it too: `kept['last']` beside `net.1._forward_hooks[0].<closure>.kept['last']`."""
+        for first_path, origin in self._late_roots:
+            root = origin.root
+            for record in self.storages.values():
+                for name, kind in list(record.path_of.values()):
+                    rest = name[len(first_path):]
+                    if not name.startswith(first_path) or rest[:1] not in ("", ".", "["):
+                        continue
+                    kind = kind if kind in (PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE) else root.kind
+                    for alias, alias_kind, holder, holder_kind in origin.paths(root.path + rest, kind):
+                        record.add_name(alias, alias_kind)
+                        record.holders[holder] = holder_kind
+                        record.path_of.setdefault(holder, (alias, alias_kind))
+                    break
+        self._late_roots.clear()
 
     def _summarise_cuts(self) -> None:
         if self._deep:

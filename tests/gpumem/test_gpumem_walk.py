@@ -218,3 +218,19 @@ def test_a_graph_shared_by_two_kept_outputs_is_named_for_both() -> None:
     memory = map_memory({"mlp": mlp, "out": out, "loss": loss})
     hidden = [entry for entry in memory.entries if entry.path == "graph of out" and entry.shape == (128, 1024)]
     assert hidden and all("graph of loss" in entry.names for entry in hidden)
+
+
+def test_a_variable_a_models_hook_closes_over_keeps_its_own_name() -> None:
+    def make_hooked():
+        net = nn.Sequential(nn.Linear(64, 256), nn.ReLU())
+        kept: dict = {}
+        net[1].register_forward_hook(lambda module, inputs, output: kept.__setitem__("last", output))
+        return net, kept
+
+    net, kept = make_hooked()
+    net(torch.randn(32, 64))
+    memory = map_memory({"net": net, "kept": kept})  # the model first: its walk reaches `kept` through the hook
+    entry = memory.entry("kept['last']")
+    assert entry.path == "kept['last']"
+    assert any(name.startswith("net.1._forward_hooks[") and name.endswith("].<closure>.kept['last']")
+               for name in entry.names)
