@@ -61,7 +61,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fixtures live in tests/, beside the package
 
-from tables import print_table
+from tables import print_report
 
 from jupyter_gpu.dataprobe import decide
 from jupyter_gpu.dataprobe.loaders import recipe_of, usable_cpus
@@ -326,11 +326,7 @@ def main() -> None:
         rows.append(row)
         print(f"done: ratio {ratio:g} (ours {row.ours_seconds:.1f} s, exhaustive {row.sweep.seconds:.1f} s)",
               flush=True)
-    print()
-    print_table(HEADINGS, table_rows(rows), args.markdown)
-    summary(rows)
-    print_details(rows)
-    print(f"\nWhole run: {time.perf_counter() - begun:.1f} s")
+    print_report(HEADINGS, table_rows(rows), args.markdown, [lambda: summary(rows), lambda: print_details(rows)], begun)
 
 
 if __name__ == "__main__":

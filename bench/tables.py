@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 
 def print_table(headings: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> None:
@@ -18,3 +19,14 @@ def print_table(headings: Sequence[str], rows: Sequence[Sequence[str]], markdown
     widths = [max(len(line[i]) for line in table) for i in range(len(headings))]
     for line in table:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip())
+
+
+def print_report(headings: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool,
+                 after: Sequence[Callable[[], None]], begun: float) -> None:
+    """The end of a bench's run: a blank line, the table, what each of `after` prints (its summary and details),
+    and the run's wall time since `begun` (a time.perf_counter() reading)."""
+    print()
+    print_table(headings, rows, markdown)
+    for part in after:
+        part()
+    print(f"\nWhole run: {time.perf_counter() - begun:.1f} s")
