@@ -40,7 +40,7 @@ PURE = [
     "jupyter_gpu.speedprobe.decide", "jupyter_gpu.speedprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.gpumem", "jupyter_gpu.gpumem.result", "jupyter_gpu.gpumem.reconcile", "jupyter_gpu.gpumem.history",
-    "jupyter_gpu.gpumem.render",
+    "jupyter_gpu.gpumem.render", "jupyter_gpu.gpumem.collector",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
     "jupyter_gpu.server.attribution", "jupyter_gpu.server.prometheus", "jupyter_gpu.server.kernels",

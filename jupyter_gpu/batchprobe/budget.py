@@ -336,27 +336,28 @@ def live_tensor_bytes(torch: Any, device_type: str) -> int:
     return sum(storage.nbytes() for storage in live_storages(torch, device_type))
 
 
-def live_storages(torch: Any, device_type: str) -> Iterator[Any]:
-    """Every tensor storage on `device_type` that Python can reach, each once (empty ones left out).
+def live_storages(torch: Any, device_type: str | None = None) -> Iterator[Any]:
+    """Every tensor storage on `device_type` (None: on every device) that Python can reach, each once (empty ones
+    left out).
 
     Gradients are reached through their parameters: a `.grad` may have no Python object of its own.
     """
-    seen: set[int] = set()
+    seen: set[tuple[Any, int]] = set()  # (device, data pointer): two devices can reuse one address
     tensor_type = torch.Tensor
     for obj in gc.get_objects():
         # type(), not isinstance(): isinstance reads `__class__`, which some lazy module proxies warn about.
         if not issubclass(type(obj), tensor_type):
             continue
         for tensor in (obj, obj.grad) if obj.is_leaf and obj.requires_grad else (obj,):
-            if tensor is None or tensor.device.type != device_type or _is_fake(tensor):
+            if tensor is None or (device_type is not None and tensor.device.type != device_type) or _is_fake(tensor):
                 continue
             try:
                 storage = tensor.untyped_storage()
                 pointer = storage.data_ptr()
             except (RuntimeError, NotImplementedError, TypeError):
                 continue
-            if pointer and pointer not in seen:
-                seen.add(pointer)
+            if pointer and (tensor.device, pointer) not in seen:
+                seen.add((tensor.device, pointer))
                 yield storage
 
 

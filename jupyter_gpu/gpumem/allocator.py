@@ -57,11 +57,10 @@ def device_totals(torch: Any, walk: NotebookWalk, env: Mapping[str, str] | None 
 def unreached_bytes(torch: Any, walk: NotebookWalk) -> dict[str, int]:
     """Per device, the bytes of storages the garbage collector sees as tensors that no notebook path reached."""
     found: dict[str, int] = {}
-    for device_type in ("cpu", *(["cuda"] if cuda_initialized(torch) else [])):
-        for storage in live_storages(torch, device_type):
-            device = str(storage.device)
-            if (device, storage.data_ptr()) not in walk.storages:
-                found[device] = found.get(device, 0) + storage.nbytes()
+    for storage in live_storages(torch):  # one pass over the collector's objects for every device
+        device = str(storage.device)
+        if (device, storage.data_ptr()) not in walk.storages:
+            found[device] = found.get(device, 0) + storage.nbytes()
     return found
 
 

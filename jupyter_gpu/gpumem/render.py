@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from jupyter_gpu.gpumem.collector import collector_paused
 from jupyter_gpu.gpumem.reconcile import total_line
 from jupyter_gpu.gpumem.result import (
     CellRecord,
@@ -146,16 +147,17 @@ def map_headline(result: MemoryMap) -> str:
     return "gpumem: no tensors in this notebook"
 
 
-def entry_table(result: MemoryMap) -> list[tuple[str, ...]]:
-    """The headings, then one row per group for the `top` largest groups."""
+def entry_table(result: MemoryMap, groups: list[EntryGroup] | None = None) -> list[tuple[str, ...]]:
+    """The headings, then one row per group for the `top` largest groups (`groups`: entry_groups, made once)."""
+    groups = entry_groups(result) if groups is None else groups
     rows = [(group.path, group.kind, group.device, group.dtype, group.shape, format_bytes(group.bytes),
-             group.other_names) for group in entry_groups(result)[:max(result.top, 0)]]
+             group.other_names) for group in groups[:max(result.top, 0)]]
     return [ENTRY_HEADINGS, *rows]
 
 
-def rest_line(result: MemoryMap) -> str | None:
+def rest_line(result: MemoryMap, groups: list[EntryGroup] | None = None) -> str | None:
     """`… and 12 more entries, 3.0 MiB`: what the table leaves out, summed; None when it shows every group."""
-    hidden = entry_groups(result)[max(result.top, 0):]
+    hidden = (entry_groups(result) if groups is None else groups)[max(result.top, 0):]
     if not hidden:
         return None
     storages = sum(len(group.entries) for group in hidden)
@@ -186,10 +188,11 @@ def footer_line(result: MemoryMap) -> str:
 
 def _map_text(result: MemoryMap) -> str:
     lines = [map_headline(result)]
-    table = entry_table(result)
+    groups = entry_groups(result)
+    table = entry_table(result, groups)
     if len(table) > 1:
         lines.extend(table_text(table, NUMERIC_HEADINGS))
-    rest = rest_line(result)
+    rest = rest_line(result, groups)
     if rest is not None:
         lines.append(rest)
     lines.extend(totals_lines(result))
@@ -200,10 +203,11 @@ def _map_text(result: MemoryMap) -> str:
 
 def _map_html(result: MemoryMap) -> str:
     parts = _open_div("map", map_headline(result), COLOUR["info"])
-    table = entry_table(result)
+    groups = entry_groups(result)
+    table = entry_table(result, groups)
     if len(table) > 1:
         parts.append(_table_html(table))
-    rest = rest_line(result)
+    rest = rest_line(result, groups)
     if rest is not None:
         parts.extend(_lines_html([rest]))
     for totals in result.devices:
@@ -384,11 +388,13 @@ def _history_html(result: MemoryHistory) -> str:
 # -- the renderings -----------------------------------------------------------------------------------------------
 
 def render_text(result: MemoryMap | FreeReport | MemoryHistory) -> str:
-    return _renderers(result)[0](result)
+    with collector_paused():
+        return _renderers(result)[0](result)
 
 
 def render_html(result: MemoryMap | FreeReport | MemoryHistory) -> str:
-    return _renderers(result)[1](result)
+    with collector_paused():
+        return _renderers(result)[1](result)
 
 
 def _renderers(result: object) -> tuple[Callable[[Any], str], Callable[[Any], str]]:

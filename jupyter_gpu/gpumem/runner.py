@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jupyter_gpu.gpumem.allocator import device_totals
+from jupyter_gpu.gpumem.collector import collector_paused
 from jupyter_gpu.gpumem.reconcile import remainders
 from jupyter_gpu.gpumem.result import DeviceTotals, MemoryMap
 from jupyter_gpu.gpumem.roots import notebook_roots
@@ -29,11 +30,12 @@ class GpuMemError(ValueError):
 def walk_notebook(torch: Any, namespace: Mapping[str, Any], shell: Any | None,
                   limits: Limits | None = None) -> NotebookWalk:
     """One walk from every root of the notebook; the roots (strong references) are dropped on return."""
-    roots = notebook_roots(namespace, shell)
-    try:
-        return NotebookWalk(torch, limits).walk(roots)
-    finally:
-        roots.clear()
+    with collector_paused():
+        roots = notebook_roots(namespace, shell)
+        try:
+            return NotebookWalk(torch, limits).walk(roots)
+        finally:
+            roots.clear()
 
 
 def map_memory(namespace: Mapping[str, Any], shell: Any | None = None, *, device: str | None = None,
@@ -47,7 +49,8 @@ def map_memory(namespace: Mapping[str, Any], shell: Any | None = None, *, device
     if torch is None:
         return MemoryMap(entries=(), devices=(), notes=(NO_TORCH,), top=top, seconds=time.perf_counter() - started)
     walk = walk_notebook(torch, namespace, shell, limits)
-    totals = device_totals(torch, walk)
+    with collector_paused():
+        totals = device_totals(torch, walk)
     chosen, notes = _chosen_devices(torch, totals, device)
     entries = tuple(entry for entry in walk.entries() if entry.device in chosen)
     shown = tuple(t for t in totals if t.device in chosen)

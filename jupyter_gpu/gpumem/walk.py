@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -137,7 +138,8 @@ class NotebookWalk:
 
     def entries(self) -> list[MemoryEntry]:
         """Every storage found, largest first."""
-        return sorted((record.entry() for record in self.storages.values()), key=lambda e: (-e.bytes, e.path))
+        return sorted((record.entry() for record in self.storages.values()),
+                      key=lambda entry: (-entry.bytes, _natural(entry.path)))
 
     # The walk proper -------------------------------------------------------------------------------------------
 
@@ -362,6 +364,14 @@ def _dtype_name(dtype: Any) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
+def _natural(path: str) -> tuple[Any, ...]:
+    """Sort key that puts `batches[2]` before `batches[10]`."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(path))
+
+
+_DIGITS = re.compile(r"(\d+)")
 
 
 def _key_text(key: Any) -> str:
