@@ -64,10 +64,12 @@ def unreached_bytes(torch: Any, walk: NotebookWalk) -> dict[str, int]:
     return found
 
 
-def levels(torch: Any, walk: NotebookWalk) -> list[DeviceLevel]:
-    """Each device's memory now: CUDA's allocated and reserved; on the CPU, the named and the unreached storages."""
+def levels(torch: Any, walk: NotebookWalk, indices: list[int] | None = None) -> list[DeviceLevel]:
+    """Each device's memory now: CUDA's allocated and reserved (on `indices`, by default every device this kernel
+    has memory on); on the CPU, the named and the unreached storages."""
+    indices = cuda_indices(torch) if indices is None else indices
     found = [DeviceLevel(f"cuda:{index}", int(torch.cuda.memory_allocated(index)),
-                         int(torch.cuda.memory_reserved(index))) for index in cuda_indices(torch)]
+                         int(torch.cuda.memory_reserved(index))) for index in indices]
     cpu = sum(record.bytes for record in walk.storages.values() if record.device == "cpu")
     cpu += unreached_bytes(torch, walk).get("cpu", 0)
     found.append(DeviceLevel("cpu", cpu))

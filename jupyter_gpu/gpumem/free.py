@@ -12,7 +12,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from jupyter_gpu.batchprobe.release import release_last_error
-from jupyter_gpu.gpumem.allocator import levels
+from jupyter_gpu.gpumem.allocator import cuda_indices, levels
 from jupyter_gpu.gpumem.result import KIND_RANK, DeviceLevel, FreeReport, StillHeld
 from jupyter_gpu.gpumem.roots import OUTPUT, TRACEBACK, USER, forget_outputs
 from jupyter_gpu.gpumem.runner import GpuMemError, walk_notebook
@@ -66,9 +66,10 @@ def free_cache(torch: Any, namespace: MutableMapping[str, Any], shell: Any | Non
         return FreeReport(target="cache", before=tuple(before), after=tuple(before), notes=(
             "CUDA is not initialised in this kernel: there is no GPU allocator cache to return, and the CPU "
             "allocator keeps none",))
+    indices = cuda_indices(torch)  # after emptying, a device may hold nothing: it is still shown, at 0
     gc.collect()
     torch.cuda.empty_cache()
-    return FreeReport(target="cache", before=tuple(before), after=tuple(levels(torch, walk)),
+    return FreeReport(target="cache", before=tuple(before), after=tuple(levels(torch, walk, indices)),
                       released=("torch.cuda.empty_cache()",), notes=(
                           "PyTorch reserves memory again on its next allocation: this helps another process, or "
                           "a notebook that will not need that much again",))

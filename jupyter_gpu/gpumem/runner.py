@@ -22,6 +22,9 @@ NO_TORCH = "torch is not imported in this kernel: no tensors to explain"
 NO_CUDA = ("CUDA is not initialised in this kernel, so there is no GPU memory to explain (and %gpumem does not "
            "start CUDA); these are the CPU tensors")
 
+CUDA_EMPTY = ("CUDA is initialised in this kernel, but PyTorch holds no GPU memory (its context, outside PyTorch's "
+              "allocator, is nvidia-smi's to show); these are the CPU tensors")
+
 
 class GpuMemError(ValueError):
     """A request %gpumem cannot answer (an unknown device); its message is one sentence for the user."""
@@ -70,8 +73,7 @@ def _chosen_devices(torch: Any, totals: list[DeviceTotals], device: str | None) 
                 notes.append(f"the CPU holds {format_bytes(cpu.total_bytes)} in tensors too: %gpumem --device cpu "
                              "lists them")
             return set(cuda), notes
-        if not cuda_initialized(torch):
-            notes.append(NO_CUDA)
+        notes.append(NO_CUDA if not cuda_initialized(torch) else CUDA_EMPTY)
         return {"cpu"}, notes
     if device == "all":
         return set(present), notes
