@@ -376,6 +376,8 @@ def test_out_of_memory(type_, message, memory, cache_fix):
     (f,) = last(notebook(last_exception=error(type_, message)))
     assert f.code == "OUT_OF_MEMORY" and f.evidence["memory"] == memory
     assert any("batch size" in line for line in f.fix)
+    # The traceback keeps the failed step's tensors: the first line frees them, in the notebook, without a restart.
+    assert f.fix[0].startswith("%gpumem --free traceback")
     assert (
         any(line.startswith(cache_fix) for line in f.fix)
         if cache_fix

@@ -360,8 +360,9 @@ def _oom(kind: str, text: str, evidence: dict) -> Finding:
     if tried := re.search(r"[Tt]ried to allocate (\d[\d.]*\s*\w+)", text):
         evidence["tried_to_allocate"] = tried.group(1)
     fix = [
+        "%gpumem --free traceback  # first: the failed cell's traceback keeps its step's tensors alive",
+        "%gpumem  # who holds the rest, by name (Out, _, a kept loss's graph), and --free NAME to give it back",
         "# halve the batch size, then re-run the cell",
-        "import gc; gc.collect()  # after `del` of what you no longer need",
     ]
     if kind in _EMPTY_CACHE:
         fix.append(f"{_EMPTY_CACHE[kind]}.empty_cache()  # hands cached blocks back to the device")
