@@ -12,7 +12,7 @@ import gc
 
 import pytest
 import torch
-from gpumem_cases import CASES, MemoryCase, expected_paths, fresh, run, targets
+from gpumem_cases import CASES, MemoryCase, expected_paths, notebook_on, run, targets
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
 
@@ -21,12 +21,8 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def notebook(shell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    fresh(shell)
-    shell.run_cell("import torch, torch.nn as nn\nDEVICE = 'cpu'\ntorch.manual_seed(0);")
-    yield shell
-    fresh(shell)
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
+    with notebook_on(shell, "cpu") as ready:
+        yield ready
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])

@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 import torch
-from gpumem_cases import CASES, MemoryCase, expected_paths, fresh, run, targets
+from gpumem_cases import CASES, MemoryCase, expected_paths, notebook_on, run, targets
 
 from jupyter_gpu.batchprobe.budget import StorageCounter
 
@@ -21,13 +21,9 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def cuda_notebook(shell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    fresh(shell)
-    shell.run_cell("import torch, torch.nn as nn\nDEVICE = 'cuda'\ntorch.manual_seed(0);")
-    torch.cuda.synchronize()
-    yield shell
-    fresh(shell)
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
+    with notebook_on(shell, "cuda") as ready:
+        torch.cuda.synchronize()
+        yield ready
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
