@@ -60,8 +60,7 @@ def free_traceback(torch: Any, namespace: MutableMapping[str, Any], shell: Any |
 
 
 def free_cache(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
-    walk = walk_notebook(torch, namespace, shell)
-    before = levels(torch, walk)
+    walk, before = _measure(torch, namespace, shell)
     if not cuda_initialized(torch):
         return FreeReport(target="cache", before=tuple(before), after=tuple(before), notes=(
             "CUDA is not initialised in this kernel: there is no GPU allocator cache to return, and the CPU "
