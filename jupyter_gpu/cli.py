@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jupyter_gpu.options import (
     OptionsError,
@@ -16,6 +17,9 @@ from jupyter_gpu.options import (
     seconds_type,
     validate,
 )
+
+if TYPE_CHECKING:
+    from jupyter_gpu.gpucheck.request import CheckRequest
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C before anything was recorded, as a shell reports SIGINT
@@ -74,9 +78,31 @@ def main(argv: list[str] | None = None) -> int:
     from jupyter_gpu.gpucheck.request import CheckRequest
     from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
 
+    if options.distributed:
+        return run_check_distributed(options, CheckRequest.from_options(options))
     try:
         report = run_check(CheckRequest.from_options(options))
     except (OSError, ValueError) as exc:  # an unreadable --facts file or an unwritable --save path
+        print(f"jupyter-gpu: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if options.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    elif not options.quiet:
+        print(report)
+    return report.exit_code
+
+
+def run_check_distributed(options: argparse.Namespace, request: CheckRequest) -> int:
+    """`jupyter-gpu check --distributed [--bench]`: the report on stdout, the all-reduce's progress on stderr."""
+    from jupyter_gpu.distributed.runner import check_distributed
+
+    def progress(text: str) -> None:
+        if text and not options.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    try:
+        report = check_distributed(request, bench=options.bench, on_progress=progress)
+    except (OSError, ValueError) as exc:
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if options.json:

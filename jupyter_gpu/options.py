@@ -61,6 +61,12 @@ def add_check_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--refresh", action="store_true", help="probe torch again even if nothing changed")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="limit for the child process that imports torch (default 60)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="check multi-GPU readiness instead: NCCL, the GPU topology, /dev/shm, torchrun and NCCL "
+                             "variables, InfiniBand, and which launch methods work from here")
+    parser.add_argument("--bench", action="store_true",
+                        help="with --distributed: also run a checked all-reduce in child processes (NCCL across the "
+                             "GPUs, else gloo on the CPU)")
 
 
 def check_parser(prog: str, *, magic: bool) -> SentenceParser:
@@ -79,6 +85,12 @@ def validate(options: argparse.Namespace) -> None:
         raise OptionsError("--facts replays a saved snapshot, so --root cannot apply to it.")
     if options.timeout is not None and options.timeout <= 0:
         raise OptionsError("--timeout must be a positive number of seconds.")
+    if options.bench and not options.distributed:
+        raise OptionsError("--bench runs the all-reduce of the multi-GPU check: add --distributed.")
+    if options.bench and options.facts:
+        raise OptionsError("--bench measures this machine, so it cannot replay a saved snapshot (--facts).")
+    if options.distributed and getattr(options, "names", None):
+        raise OptionsError("--distributed checks the whole notebook; NAMEs only narrow the usual check.")
 
 
 GPUTIME_VALUE_FLAGS = frozenset({"-n", "-r", "-w", "--budget", "-l", "--label"})

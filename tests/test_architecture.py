@@ -41,6 +41,11 @@ PURE = [
     "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.gpumem", "jupyter_gpu.gpumem.result", "jupyter_gpu.gpumem.reconcile", "jupyter_gpu.gpumem.history",
     "jupyter_gpu.gpumem.render", "jupyter_gpu.gpumem.collector",
+    "jupyter_gpu.distributed", "jupyter_gpu.distributed.links", "jupyter_gpu.distributed.readiness",
+    "jupyter_gpu.distributed.report", "jupyter_gpu.distributed.render", "jupyter_gpu.distributed.topology",
+    "jupyter_gpu.distributed.topology_rules",
+    "jupyter_gpu.distributed.topology_render", "jupyter_gpu.distributed.collective",
+    "jupyter_gpu.distributed.collective_render",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
     "jupyter_gpu.server.attribution", "jupyter_gpu.server.prometheus", "jupyter_gpu.server.kernels",
@@ -62,7 +67,11 @@ PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nv
                   "jupyter_gpu.speedprobe.flags", "jupyter_gpu.speedprobe.variants", "jupyter_gpu.speedprobe.measure",
                   "jupyter_gpu.speedprobe.runner", "jupyter_gpu.gpumem.roots", "jupyter_gpu.gpumem.graph",
                   "jupyter_gpu.gpumem.walk", "jupyter_gpu.gpumem.allocator", "jupyter_gpu.gpumem.free",
-                  "jupyter_gpu.gpumem.watch", "jupyter_gpu.gpumem.runner"]
+                  "jupyter_gpu.gpumem.watch", "jupyter_gpu.gpumem.runner", "jupyter_gpu.distributed.host_facts",
+                  "jupyter_gpu.distributed.launch_facts", "jupyter_gpu.distributed.gather",
+                  "jupyter_gpu.distributed.runner", "jupyter_gpu.distributed.nvml_topology",
+                  "jupyter_gpu.distributed.simulated_topology",
+                  "jupyter_gpu.distributed.allreduce", "jupyter_gpu.distributed.allreduce_worker"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -16,6 +16,9 @@ from jupyter_gpu.gpucheck.request import CheckRequest
 from jupyter_gpu.magics.activity import activity_for, close_activity
 from jupyter_gpu.magics.arguments import parse_line
 from jupyter_gpu.options import check_parser, help_from, validate
+
+if TYPE_CHECKING:
+    from jupyter_gpu.distributed.report import ReadinessReport
 
 
 def _last_exception() -> BaseException | None:
@@ -45,6 +48,8 @@ class GpuCheckMagics(Magics):
         models, tensors, optimizers and DataLoaders (or only the NAMEs given) and the last error.
         """
         options = parse_line("%gpucheck", check_parser("%gpucheck", magic=True), line, validate)
+        if options.distributed:
+            return self._distributed(options)
         from jupyter_gpu.gpucheck.facts.activity import gather_activity
         from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
         from jupyter_gpu.gpucheck.run import run_check
@@ -59,6 +64,26 @@ class GpuCheckMagics(Magics):
             report = run_check(CheckRequest.from_options(options), notebook=notebook, context=self.context)
         except (OSError, ValueError) as exc:
             raise UsageError(f"%gpucheck: {exc}") from None
+        if options.json:
+            print(json.dumps(report.to_dict(), indent=2, default=str))
+        elif not options.quiet:
+            display(report)
+        return report if options.return_result else None
+
+    def _distributed(self, options: Any) -> ReadinessReport | None:
+        """`--distributed [--bench]`: multi-GPU readiness; the all-reduce runs in children started from a module."""
+        from jupyter_gpu.distributed.runner import check_distributed
+        from jupyter_gpu.magics.progress import ProgressLine
+
+        progress = None if options.quiet or options.json else ProgressLine()
+        try:
+            report = check_distributed(CheckRequest.from_options(options), user_ns=self.shell.user_ns,
+                                       context=self.context, bench=options.bench, on_progress=progress)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"%gpucheck: {exc}") from None
+        finally:
+            if progress is not None:
+                progress("")
         if options.json:
             print(json.dumps(report.to_dict(), indent=2, default=str))
         elif not options.quiet:

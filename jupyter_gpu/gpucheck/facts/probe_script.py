@@ -299,6 +299,27 @@ def cuda_facts(torch, out):
         out["xpu_available"] = None
 
 
+def distributed_facts():
+    """What torch.distributed offers in this build (for `--distributed`): backends, NCCL, the visible GPUs."""
+    import torch
+
+    out = {"torch_version": torch.__version__, "cuda_build": getattr(torch.version, "cuda", None)}
+    distributed = getattr(torch, "distributed", None)
+    out["distributed_available"] = bool(distributed is not None and distributed.is_available())
+    for backend in ("nccl", "gloo", "mpi"):
+        check = getattr(distributed, f"is_{backend}_available", None) if out["distributed_available"] else None
+        out[f"{backend}_available"] = bool(check()) if check is not None else False
+    out["nccl_version"] = nccl_version(torch) if out["nccl_available"] else None
+    try:
+        # Counts what CUDA_VISIBLE_DEVICES leaves visible; this child may create a context, the kernel never does.
+        out["device_count"] = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception as exc:
+        out["device_count"] = 0
+        out["cuda_error"] = _error_text(exc)
+    out["device_names"] = [torch.cuda.get_device_name(i) for i in range(out["device_count"])]
+    return out
+
+
 GPU_LIBRARIES = ("libcuda.so", "libcudart", "libcudnn", "libnvJitLink", "libnvidia-ml", "libamdhip64")
 
 
@@ -315,7 +336,7 @@ def main(argv):
     sections = set(argv[1].split(",")) if len(argv) > 1 else {"python", "install", "nvml"}
     out = {}
     runners = [("python", python_facts), ("install", install_facts), ("nvml", nvml_facts),
-               ("torch", torch_facts)]
+               ("torch", torch_facts), ("distributed", distributed_facts)]
     for name, runner in runners:
         if name not in sections:
             continue

@@ -42,6 +42,10 @@ A100_NAME = "NVIDIA A100-SXM4-80GB"
 A100_MEMORY_TOTAL = 81920 * MIB
 A100_POWER_LIMIT_W = 400.0
 
+RTX4090_NAME = "NVIDIA GeForce RTX 4090"
+RTX4090_MEMORY_TOTAL = 24564 * MIB
+RTX4090_POWER_LIMIT_W = 450.0
+
 GPU_IDLE = 0x1
 SW_POWER_CAP = 0x4
 SW_THERMAL_SLOWDOWN = 0x20
@@ -301,6 +305,24 @@ def _a100x8(t: float) -> tuple[str, str | None, tuple[DeviceSample, ...]]:
     )
 
 
+# -- two consumer cards on PCIe, no NVLink --------------------------------------------------------------
+
+
+def _rtx4090(index: int) -> _Card:
+    return _Card(RTX4090_NAME, _stable_id("GPU", f"pcie-pair:{index}"), RTX4090_MEMORY_TOTAL, RTX4090_POWER_LIMIT_W,
+                 reserved=270 * MIB)
+
+
+_RTX4090S = (_rtx4090(0), _rtx4090(1))
+_RTX4090_IDLE = _Load((0, 3), (0, 1), (270 * MIB, 300 * MIB), (30, 36), (12, 25), (210, 210),
+                      pcie_tx=(10 * KIB, 200 * KIB), pcie_rx=(10 * KIB, 300 * KIB))
+
+
+def _pcie_pair(t: float) -> tuple[str, str | None, tuple[DeviceSample, ...]]:
+    return "ok", None, tuple(_device(t, index, card, _RTX4090_IDLE, f"pcie-pair:{index}")
+                             for index, card in enumerate(_RTX4090S))
+
+
 # -- scenarios -----------------------------------------------------------------------------------------
 
 
@@ -336,6 +358,9 @@ _SCENARIOS: dict[str, _Scenario] = {
         "Eight NVIDIA A100-SXM4-80GB: GPU 0 in MIG mode as 7x 1g.10gb, GPU 1 as 4g.40gb + 3g.40gb (no "
         "utilisation on MIG boards, as NVML reports it); GPUs 2-3 training, 4 idle, 5 with 74 GiB held by "
         "another process, 6 capped at its 400 W power limit, 7 serving light inference.", _a100x8),
+    "pcie-pair": _Scenario(
+        "Two idle NVIDIA GeForce RTX 4090 (24 GB) on PCIe, no NVLink: 0-3 % utilisation, ~280 MiB used, "
+        "12-25 W, no processes.", _pcie_pair),
     "lost": _Scenario(f"One busy NVIDIA H200 that falls off the bus after {LOST_AFTER_S:g} s: from then on "
                       "it is reported lost, with its name and UUID but no metrics.", _lost),
     "nodriver": _Scenario("No NVIDIA driver: NVML cannot start and there are no devices.",
