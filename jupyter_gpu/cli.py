@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from jupyter_gpu.options import (
     OptionsError,
     SentenceParser,
+    _whole_number,
     add_check_options,
     interval_type,
     seconds_type,
@@ -19,6 +20,7 @@ from jupyter_gpu.options import (
 )
 
 if TYPE_CHECKING:
+    from jupyter_gpu.distributed.links import LinkPeak
     from jupyter_gpu.gpucheck.request import CheckRequest
 
 EXIT_USAGE = 2
@@ -51,7 +53,51 @@ def build_parser() -> SentenceParser:
                           help="the environment whose kernels check (default: this one, sys.prefix)")
     autoload.add_argument("--watch", action="store_true",
                           help="with on: also keep the low-rate GPU sampler running in each kernel")
+    add_allreduce_parser(commands)
     return parser
+
+
+def add_allreduce_parser(commands: argparse._SubParsersAction) -> None:
+    from jupyter_gpu.distributed.collective import (  # pure and light: the defaults the help quotes
+        DEFAULT_ITERATIONS,
+        DEFAULT_TIMEOUT_S,
+        SIZES_SYNTAX,
+    )
+
+    allreduce = commands.add_parser(
+        "allreduce", help="run a checked all-reduce across the GPUs (NCCL) or CPU processes (gloo)",
+        description="All-reduce float32 tensors of several sizes across one process per GPU with NCCL (or two "
+                    "processes on the CPU with gloo), check every element of every result (#wrong, as nccl-tests "
+                    "counts it), and report nccl-tests' algorithm and bus bandwidth (busbw = algbw x 2(n-1)/n) "
+                    "with its share of the link's nominal peak. With NCCL and two GPUs or more it also copies a "
+                    "tensor between every pair of GPUs and checks it (broken P2P can return zeros). The table "
+                    "goes to stdout, progress to stderr; exit 0 when every result is correct, 1 when any element "
+                    "was wrong or a rank failed or hung, 2 on a usage error.")
+    allreduce.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                           help="auto (default): NCCL with one process per GPU when torch has NCCL and sees a GPU, "
+                                "else gloo with 2 processes on the CPU")
+    allreduce.add_argument("--processes", type=_whole_number("--processes", 1), default=None, metavar="N",
+                           help="ranks to start (default: one per GPU with NCCL, 2 with gloo)")
+    allreduce.add_argument("--sizes", type=_sizes_type, default=None, metavar="SIZES",
+                           help=f"bytes per all-reduce: {SIZES_SYNTAX}; K, M, G are powers of 1024 as in "
+                                "nccl-tests, KB, MB, GB powers of 1000 (default 1K:16M:4)")
+    allreduce.add_argument("--iterations", type=_whole_number("--iterations", 1), default=DEFAULT_ITERATIONS,
+                           metavar="N", help=f"timed all-reduces per size; the median is reported "
+                                             f"(default {DEFAULT_ITERATIONS})")
+    allreduce.add_argument("--timeout", type=seconds_type("--timeout"), default=DEFAULT_TIMEOUT_S, metavar="S",
+                           help=f"limit for the whole run; a hung rank is killed with every other "
+                                f"(default {DEFAULT_TIMEOUT_S:g})")
+    allreduce.add_argument("--json", action="store_true", help="print the result as JSON")
+    allreduce.add_argument("-q", "--quiet", action="store_true", help="print nothing (use the exit status)")
+
+
+def _sizes_type(text: str) -> list[int]:
+    from jupyter_gpu.distributed.collective import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             validate(options)
         elif options.command == "autoload":
             _validate_autoload(options)
-        else:
+        elif options.command == "record":
             _validate_record(options)
     except OptionsError as exc:
         if str(exc) == "exit 0":  # --help printed its text
@@ -75,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_record(options)
     if options.command == "autoload":
         return run_autoload(options)
+    if options.command == "allreduce":
+        return run_allreduce_command(options)
     from jupyter_gpu.gpucheck.request import CheckRequest
     from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
 
@@ -110,6 +158,48 @@ def run_check_distributed(options: argparse.Namespace, request: CheckRequest) ->
     elif not options.quiet:
         print(report)
     return report.exit_code
+
+
+# -- allreduce -----------------------------------------------------------------------------------------
+
+
+def run_allreduce_command(options: argparse.Namespace) -> int:
+    """`jupyter-gpu allreduce`: progress on stderr, the table (or JSON) on stdout, exit 0 only when all correct."""
+    from jupyter_gpu.distributed.allreduce import AllReduceError, run_allreduce
+    from jupyter_gpu.distributed.collective import DEFAULT_SIZES, DEFAULT_WARMUP
+
+    def progress(text: str) -> None:
+        if not options.quiet:
+            print(text, file=sys.stderr, flush=True)
+
+    try:
+        result = run_allreduce(backend=options.backend, processes=options.processes,
+                               sizes=options.sizes or list(DEFAULT_SIZES), iterations=options.iterations,
+                               warmup=DEFAULT_WARMUP, timeout_s=options.timeout, peak=_link_peak(),
+                               on_progress=progress)
+    except ValueError as exc:  # a plan this machine cannot run, e.g. more NCCL processes than GPUs
+        print(f"jupyter-gpu: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except AllReduceError as exc:
+        print(f"jupyter-gpu: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("jupyter-gpu: Stopped (Ctrl-C); every rank was killed.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if options.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not options.quiet:
+        print(result)
+    return result.exit_code
+
+
+def _link_peak() -> LinkPeak | None:
+    """The GPUs' link peak from NVML (or the simulated backend JUPYTER_GPU_BACKEND names); None when unknown."""
+    try:
+        from jupyter_gpu.distributed.nvml_topology import topology_for_backend
+    except ImportError:
+        return None
+    return topology_for_backend().link_peak()
 
 
 # -- record --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from jupyter_gpu.distributed.collective import AllReduceResult
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ReadinessReport(RichResult):
     renderer: ClassVar[str] = "jupyter_gpu.distributed.render"
 
