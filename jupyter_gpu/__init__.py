@@ -10,9 +10,9 @@ from typing import Any
 
 from jupyter_gpu.version import __version__
 
-__all__ = ["BatchProbeResult", "Comparison", "DataProbeResult", "GpuCheckReport", "GpuTimeResult",
-           "GpuUnavailableError", "MemoryMap", "SpeedProbeResult", "__version__", "compare", "memory_map",
-           "probe_batch_size", "probe_loader", "probe_speed", "require_gpu"]
+__all__ = ["AllReduceResult", "BatchProbeResult", "Comparison", "DataProbeResult", "GpuCheckReport", "GpuTimeResult",
+           "GpuUnavailableError", "MemoryMap", "ReadinessReport", "SpeedProbeResult", "__version__", "compare",
+           "memory_map", "probe_batch_size", "probe_loader", "probe_speed", "require_gpu", "run_allreduce"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -61,6 +61,18 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu.gputime import compare
 
         return getattr(compare, name)
+    if name == "run_allreduce":
+        from jupyter_gpu.distributed.allreduce import run_allreduce
+
+        return run_allreduce
+    if name == "AllReduceResult":
+        from jupyter_gpu.distributed.collective import AllReduceResult
+
+        return AllReduceResult
+    if name == "ReadinessReport":
+        from jupyter_gpu.distributed.report import ReadinessReport
+
+        return ReadinessReport
     if name == "GpuTimeResult":
         from jupyter_gpu.gputime.result import GpuTimeResult
 

@@ -21,6 +21,8 @@ from jupyter_gpu.options import (
 
 if TYPE_CHECKING:
     from jupyter_gpu.distributed.links import LinkPeak
+    from jupyter_gpu.distributed.report import ReadinessReport
+    from jupyter_gpu.gpucheck.report import GpuCheckReport
     from jupyter_gpu.gpucheck.request import CheckRequest
 
 EXIT_USAGE = 2
@@ -133,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # an unreadable --facts file or an unwritable --save path
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if options.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
-    elif not options.quiet:
-        print(report)
-    return report.exit_code
+    return _print_report(report, options)
 
 
 def run_check_distributed(options: argparse.Namespace, request: CheckRequest) -> int:
@@ -153,6 +151,10 @@ def run_check_distributed(options: argparse.Namespace, request: CheckRequest) ->
     except (OSError, ValueError) as exc:
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    return _print_report(report, options)
+
+
+def _print_report(report: GpuCheckReport | ReadinessReport, options: argparse.Namespace) -> int:
     if options.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     elif not options.quiet:

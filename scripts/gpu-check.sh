@@ -8,4 +8,7 @@ nvidia-smi || true
 $PY -m pytest -p no:cacheprovider -o addopts="" -m gpu tests -v -s
 status=$?
 $PY -m jupyter_gpu check -v
+nvidia-smi topo -m || true  # to compare with the matrix below
+$PY -m jupyter_gpu check --distributed --bench || status=$?
+$PY bench/bench_allreduce.py --markdown || true  # NCCL figures for docs/benchmarks.md
 exit $status

@@ -47,6 +47,8 @@ def notebook_functions(user_ns: Mapping[str, Any]) -> list[str]:
         source = _defined_in(value)
         if main_file is None or source != main_file:
             names.append(name)
+    # Functions first: `train` is what a fix line should name, not the model class it uses.
+    names.sort(key=lambda name: inspect.isclass(user_ns[name]))
     return names[:MAX_LISTED]
 
 
