@@ -74,3 +74,18 @@ def test_the_command_runs_nccl_and_exits_0():
     assert done.returncode == 0, done.stderr
     assert f"nccl, {GPUS} process" in done.stdout
     print(done.stdout)
+
+
+def test_the_readiness_report_reads_the_real_nvml_topology_and_nccl():
+    from jupyter_gpu.distributed.gather import gather_readiness
+    from jupyter_gpu.distributed.report import ReadinessReport
+    from jupyter_gpu.gpucheck.facts.context import ProbeContext
+
+    facts = gather_readiness(ProbeContext.from_environment(), user_ns={})
+    assert facts["topology"]["status"] == "ok" and not facts["topology"]["simulated"]
+    assert len(facts["topology"]["gpus"]) >= GPUS  # NVML sees every GPU; CUDA_VISIBLE_DEVICES may hide some
+    assert facts["torch"]["nccl_available"] is True and facts["torch"]["nccl_version"]
+    assert facts["torch"]["device_count"] == GPUS
+    report = ReadinessReport.from_facts(facts)
+    print(report)  # recorded in the issue note by scripts/gpu-check.sh
+    assert report.verdict.startswith("Ready for DistributedDataParallel") or GPUS < 2, report.verdict
