@@ -32,7 +32,7 @@ def gather_readiness(ctx: ProbeContext, *, user_ns: Mapping[str, Any] | None = N
     started = time.monotonic()
     child = start_probe(ctx, ("distributed",))  # importing torch takes seconds: read the rest meanwhile
     topology = read_nvml_topology(nvml) if nvml is not None else topology_for_backend(ctx.env)
-    host, launch = gather_host_facts(str(ctx.root), ctx.env), gather_launch_facts(user_ns)
+    host, launch = gather_host_facts(ctx), gather_launch_facts(user_ns)
     probe = child.result()
     torch_facts = probe.get("distributed") or {}
     if not probe.get("run", {}).get("ok"):

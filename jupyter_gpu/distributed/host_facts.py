@@ -1,7 +1,7 @@
 """What the host gives NCCL: /dev/shm, network interfaces, InfiniBand, and the launch and NCCL variables.
 
-Probe layer: every read takes the filesystem root and the environment, so tests lay out a fake machine. Nothing
-here imports torch or NVML.
+Probe layer: every file is read through the probe context (its root and environment), so tests lay out a fake
+machine. Nothing here imports torch or NVML.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import os
 import socket
 import stat
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from jupyter_gpu.gpucheck.facts.context import ProbeContext
 
 # What torchrun sets in every rank (torch.distributed.run), in the order users read them.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
@@ -23,18 +24,13 @@ DEBUG_VARIABLES = ("TORCH_DISTRIBUTED_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 RESOLVE_TIMEOUT_S = 1.0  # a name lookup on a machine without DNS can hang for tens of seconds
 
 
-def _under(root: str, path: str) -> Path:
-    return Path(root) / path.lstrip("/")
-
-
-def _mount_size(root: str, mount_point: str) -> int | None:
+def _mount_size(ctx: ProbeContext, mount_point: str) -> int | None:
     """The tmpfs `size=` option of a mount point (what `df` shows for /dev/shm), from /proc/mounts."""
-    try:
-        lines = _under(root, "/proc/mounts").read_text().splitlines()
-    except OSError:
+    mounts = ctx.read_text("/proc/mounts", limit=4 * 1024**2)  # a Kubernetes node can mount hundreds of volumes
+    if mounts is None:
         return None
     size = None
-    for line in lines:
+    for line in mounts.splitlines():
         fields = line.split()
         if len(fields) >= 4 and fields[1] == mount_point:
             for option in fields[3].split(","):
@@ -53,9 +49,9 @@ def _size_option(text: str) -> int | None:
         return None
 
 
-def shared_memory_facts(root: str = "/") -> dict[str, Any]:
+def shared_memory_facts(ctx: ProbeContext) -> dict[str, Any]:
     """/dev/shm: NCCL's shared-memory transport and torch's DataLoader both allocate there."""
-    path = _under(root, "/dev/shm")
+    path = ctx.path("/dev/shm")
     facts: dict[str, Any] = {"path": "/dev/shm", "exists": path.is_dir(), "size_bytes": None, "free_bytes": None,
                              "mode": None, "writable": None}
     if not facts["exists"]:
@@ -70,7 +66,7 @@ def shared_memory_facts(root: str = "/") -> dict[str, Any]:
     except OSError as exc:
         facts["error"] = f"{type(exc).__name__}: {exc}"
     # The mount table's size= is what `docker run --shm-size` set; statvfs is the fallback (tmpfs without size=).
-    declared = _mount_size(root, "/dev/shm")
+    declared = _mount_size(ctx, "/dev/shm")
     if declared is not None:
         facts["size_bytes"] = declared
         if facts["free_bytes"] is not None:
@@ -78,33 +74,27 @@ def shared_memory_facts(root: str = "/") -> dict[str, Any]:
     return facts
 
 
-def interface_facts(root: str = "/") -> list[dict[str, Any]]:
+def interface_facts(ctx: ProbeContext) -> list[dict[str, Any]]:
     """Network interfaces (NCCL_SOCKET_IFNAME must name one of them) with their state."""
-    folder = _under(root, "/sys/class/net")
-    interfaces = []
-    for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
-        interfaces.append({"name": entry.name, "state": _read(entry / "operstate")})
-    return interfaces
+    folder = "/sys/class/net"
+    return [{"name": name, "state": _read(ctx, f"{folder}/{name}/operstate")} for name in ctx.listdir(folder)]
 
 
-def infiniband_facts(root: str = "/") -> list[dict[str, Any]]:
+def infiniband_facts(ctx: ProbeContext) -> list[dict[str, Any]]:
     """InfiniBand/RoCE adapters and their ports' state, as `ibstat` shows them (from /sys/class/infiniband)."""
-    folder = _under(root, "/sys/class/infiniband")
     devices = []
-    for device in sorted(folder.iterdir()) if folder.is_dir() else []:
-        ports = []
-        for port in sorted((device / "ports").iterdir()) if (device / "ports").is_dir() else []:
-            ports.append({"port": port.name, "state": _read(port / "state"), "link_layer": _read(port / "link_layer"),
-                          "rate": _read(port / "rate")})
-        devices.append({"name": device.name, "ports": ports})
+    for device in ctx.listdir("/sys/class/infiniband"):
+        ports_folder = f"/sys/class/infiniband/{device}/ports"
+        ports = [{"port": port, **{name: _read(ctx, f"{ports_folder}/{port}/{name}")
+                                   for name in ("state", "link_layer", "rate")}}
+                 for port in ctx.listdir(ports_folder)]
+        devices.append({"name": device, "ports": ports})
     return devices
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
+def _read(ctx: ProbeContext, absolute: str) -> str | None:
+    text = ctx.read_text(absolute)
+    return text.strip() if text is not None else None
 
 
 def variable_facts(env: Mapping[str, str]) -> dict[str, Any]:
@@ -131,14 +121,13 @@ def resolves(host: str, timeout_s: float = RESOLVE_TIMEOUT_S) -> bool | None:
         pool.shutdown(wait=False)  # a hung lookup finishes on its own thread; the check does not wait for it
 
 
-def gather_host_facts(root: str = "/", env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    env = os.environ if env is None else env
-    variables = variable_facts(env)
+def gather_host_facts(ctx: ProbeContext) -> dict[str, Any]:
+    variables = variable_facts(ctx.env)
     master = variables["torchrun"].get("MASTER_ADDR")
     return {
-        "shm": shared_memory_facts(root),
-        "interfaces": interface_facts(root),
-        "infiniband": infiniband_facts(root),
+        "shm": shared_memory_facts(ctx),
+        "interfaces": interface_facts(ctx),
+        "infiniband": infiniband_facts(ctx),
         "variables": variables,
         "master_addr_resolves": resolves(master) if master else None,
     }

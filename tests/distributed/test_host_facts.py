@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jupyter_gpu.distributed.host_facts import gather_host_facts, resolves, shared_memory_facts, variable_facts
+from jupyter_gpu.gpucheck.facts.context import ProbeContext
 
 
 def lay_out(root: Path, files: dict[str, str], folders: tuple[str, ...] = ()) -> Path:
@@ -24,7 +25,7 @@ DOCKER_MOUNTS = ("overlay / overlay rw,relatime 0 0\n"
 def test_docker_default_shm_is_read_as_64_mib_from_the_mount_table(tmp_path: Path) -> None:
     root = lay_out(tmp_path, {"/proc/mounts": DOCKER_MOUNTS}, ("/dev/shm",))
     (root / "dev/shm").chmod(0o1777)
-    shm = shared_memory_facts(str(root))
+    shm = shared_memory_facts(ProbeContext(root=root))
     assert shm["exists"] and shm["writable"]
     assert shm["size_bytes"] == 64 * 1024**2
     assert shm["free_bytes"] <= shm["size_bytes"]
@@ -32,11 +33,11 @@ def test_docker_default_shm_is_read_as_64_mib_from_the_mount_table(tmp_path: Pat
 
 
 def test_missing_shm(tmp_path: Path) -> None:
-    assert shared_memory_facts(str(tmp_path))["exists"] is False
+    assert shared_memory_facts(ProbeContext(root=tmp_path))["exists"] is False
 
 
 def test_this_machine_shm_has_a_size() -> None:
-    shm = shared_memory_facts("/")
+    shm = shared_memory_facts(ProbeContext())
     assert shm["exists"] and shm["size_bytes"] and shm["size_bytes"] > 0
 
 
@@ -46,7 +47,7 @@ def test_infiniband_ports_and_interfaces(tmp_path: Path) -> None:
                               f"{port}/rate": "200 Gb/sec (4X HDR)\n",
                               "/sys/class/infiniband/mlx5_1/ports/1/state": "1: DOWN\n",
                               "/sys/class/net/eth0/operstate": "up\n", "/sys/class/net/lo/operstate": "unknown\n"})
-    facts = gather_host_facts(str(root), {})
+    facts = gather_host_facts(ProbeContext(root=root, env={}))
     assert facts["infiniband"] == [
         {"name": "mlx5_0", "ports": [{"port": "1", "state": "4: ACTIVE", "link_layer": "InfiniBand",
                                       "rate": "200 Gb/sec (4X HDR)"}]},

@@ -40,8 +40,8 @@ def machine(tmp_path: Path, *, mounts: str = HOST_SHM, interfaces: tuple[str, ..
 
 def report_for(root: Path, nvml: object, torch: dict, env: dict | None = None, user_ns: dict | None = None,
                ) -> ReadinessReport:
-    facts = readiness_snapshot(torch, read_nvml_topology(nvml).to_dict(), gather_host_facts(str(root), env or {}),
-                               gather_launch_facts(user_ns))
+    host = gather_host_facts(ProbeContext(root=root, env=env or {}))
+    facts = readiness_snapshot(torch, read_nvml_topology(nvml).to_dict(), host, gather_launch_facts(user_ns))
     json.dumps(facts)  # the snapshot --save writes
     return ReadinessReport.from_facts(facts)
 
