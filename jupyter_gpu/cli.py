@@ -197,10 +197,8 @@ def run_allreduce_command(options: argparse.Namespace) -> int:
 
 def _link_peak() -> LinkPeak | None:
     """The GPUs' link peak from NVML (or the simulated backend JUPYTER_GPU_BACKEND names); None when unknown."""
-    try:
-        from jupyter_gpu.distributed.nvml_topology import topology_for_backend
-    except ImportError:
-        return None
+    from jupyter_gpu.distributed.nvml_topology import topology_for_backend
+
     return topology_for_backend().link_peak()
 
 

@@ -103,7 +103,7 @@ def render_text(report: ReadinessReport) -> str:
     if report.bench_error:
         lines.append("")
         lines.append(f"All-reduce: {report.bench_error}")
-    lines.extend(["", *report.notes, NCCL_DEBUG_ADVICE])
+    lines.extend(["", NCCL_DEBUG_ADVICE])
     return "\n".join(lines)
 
 
@@ -134,6 +134,6 @@ def render_html(report: ReadinessReport) -> str:
         parts.append(report.bench._repr_html_())
     if report.bench_error:
         parts.append(f'<div style="color:{COLOUR["fail"]}">All-reduce: {escape(report.bench_error)}</div>')
-    parts.extend(f"<div>{escape(note)}</div>" for note in [*report.notes, NCCL_DEBUG_ADVICE])
+    parts.append(f"<div>{escape(NCCL_DEBUG_ADVICE)}</div>")
     parts.append("</div>")
     return "".join(parts)

@@ -6,7 +6,7 @@ all-reduce when `--bench` ran one. Text, escaped HTML and `to_dict()` come from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jupyter_gpu.distributed.readiness import LaunchMethod, diagnose_readiness, gpu_view
@@ -25,7 +25,6 @@ class ReadinessReport(RichResult):
     launches: list[LaunchMethod]
     bench: AllReduceResult | None = None
     bench_error: str | None = None  # why the all-reduce --bench asked for did not finish
-    notes: list[str] = field(default_factory=list)
 
     @classmethod
     def from_facts(cls, facts: dict[str, Any], **extra: Any) -> ReadinessReport:
@@ -77,4 +76,4 @@ class ReadinessReport(RichResult):
         return {"status": self.status, "verdict": self.verdict, "simulated": self.simulated,
                 "findings": [f.to_dict() for f in self.findings], "launches": [m.to_dict() for m in self.launches],
                 "bench": self.bench.to_dict() if self.bench is not None else None, "bench_error": self.bench_error,
-                "notes": list(self.notes), "facts": self.facts}
+                "facts": self.facts}
