@@ -2,19 +2,24 @@
 
 The exported names and labels come from `prometheus.render` itself, over every simulated scenario with every kind of
 holder, so a renamed metric or label fails here instead of leaving an empty panel. The helpers that read the
-queries out of the dashboard and the docs are shared with test_real_prometheus.py, which runs them all.
+queries out of the dashboard and the docs live in tests/fixtures/prometheus_docs.py, shared with
+test_real_prometheus.py, which runs them all.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from functools import cache
-from pathlib import Path
-from typing import Any
 
-import yaml
+from prometheus_docs import (
+    DOCS,
+    alert_rules,
+    dashboard,
+    dashboard_queries,
+    documented_queries,
+    template_queries,
+)
 
 from jupyter_gpu.metrics.backends.simulated import SCENARIOS, SimulatedBackend
 from jupyter_gpu.metrics.sample import GpuProcess, Sample
@@ -22,9 +27,6 @@ from jupyter_gpu.server.attribution import ProcessInfo, attribute
 from jupyter_gpu.server.kernels import KernelInfo
 from jupyter_gpu.server.prometheus import render
 
-ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "docs" / "grafana" / "jupyter-gpu-dashboard.json"
-DOCS = ROOT / "docs" / "prometheus.md"
 DATASOURCE = "${DS_PROMETHEUS}"
 # What Prometheus adds itself: the `up` series of every target, and the target's `job` and `instance` labels.
 PROMETHEUS_SERIES = {"up": {"job", "instance"}}
@@ -66,38 +68,6 @@ def exported_series() -> dict[str, frozenset[str]]:
         elif not line.startswith("#") and (match := SAMPLE_LINE.match(line)):
             labels.setdefault(match["name"], set()).update(LABEL_NAME.findall(match["labels"] or ""))
     return {name: frozenset(names) for name, names in labels.items()}
-
-
-def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
-
-
-def dashboard_queries() -> list[str]:
-    """The PromQL of every panel, as Grafana sends it once `$instance` is "All"."""
-    return [target["expr"].replace("$instance", ".*") for panel in dashboard()["panels"]
-            for target in panel["targets"]]
-
-
-def template_queries() -> list[str]:
-    return [variable["definition"] for variable in dashboard()["templating"]["list"] if variable["type"] == "query"]
-
-
-def fenced_blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", DOCS.read_text(), flags=re.DOTALL | re.MULTILINE)
-
-
-def documented_queries() -> list[str]:
-    return [block.strip() for block in fenced_blocks("promql")]
-
-
-def documented_alert_rules() -> str:
-    """The docs' rules file, as a user copies it."""
-    (rules,) = [block for block in fenced_blocks("yaml") if "groups" in (yaml.safe_load(block) or {})]
-    return rules
-
-
-def alert_rules() -> list[dict[str, Any]]:
-    return [rule for group in yaml.safe_load(documented_alert_rules())["groups"] for rule in group["rules"]]
 
 
 def _names_used(expr: str) -> tuple[dict[str, set[str]], set[str], set[str]]:

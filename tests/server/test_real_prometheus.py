@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from lab_server import TOKEN, LabServer, free_port
-from test_grafana_dashboard import (
+from prometheus_docs import (
     alert_rules,
     dashboard_queries,
     documented_alert_rules,
