@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.device_uuid import canonical_uuid
+from jupyter_gpu.metrics.sample import DeviceSample, MigInstance, Sample
 
 
 def loaded_torch() -> Any | None:
@@ -31,24 +32,63 @@ def cuda_initialized(torch: Any | None) -> bool:
         return False
 
 
-def nvml_uuid(torch: Any, index: int) -> str | None:
-    """The NVML UUID (`GPU-...`) of CUDA device `index`; CUDA must already be initialised."""
+def context_devices(torch: Any | None) -> tuple[int, ...]:
+    """The CUDA devices this kernel has a context on: the current one and those with memory reserved; () before
+    CUDA starts.
+
+    Only these may be synchronised or timed: `torch.cuda.synchronize(i)` switches to device i, which creates a
+    context there (hundreds of MiB, and an error on a GPU another process holds in exclusive mode).
+    `memory_reserved` reads the allocator's counters and `current_device` asks the runtime; neither creates one.
+    """
+    if not cuda_initialized(torch):
+        return ()
+    found = {int(torch.cuda.current_device())}
+    found.update(index for index in range(torch.cuda.device_count()) if torch.cuda.memory_reserved(index))
+    return tuple(sorted(found))
+
+
+def torch_uuid(torch: Any, index: int) -> str | None:
+    """CUDA device `index`'s UUID as bare lower-case hex; CUDA must already be initialised.
+
+    torch's `props.uuid` is an object whose `str()` has no prefix; for a MIG slice it is the slice's own UUID,
+    which NVML spells `MIG-<hex>`, for a whole GPU NVML's `GPU-<hex>`.
+    """
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
-    return None if uuid is None else f"GPU-{uuid}"
+    return None if uuid is None else canonical_uuid(str(uuid))
+
+
+def find_device(sample: Sample, uuid: str | None) -> tuple[DeviceSample, MigInstance | None] | None:
+    """The NVML device, and the MIG slice of it, that a torch UUID (any spelling) names; None when none does."""
+    wanted = canonical_uuid(uuid)
+    if wanted is None:
+        return None
+    for device in sample.devices:
+        if canonical_uuid(device.uuid) == wanted:
+            return device, None
+        for mig in device.mig_instances:
+            if canonical_uuid(mig.uuid) == wanted:
+                return device, mig
+    return None
+
+
+def uses_device(device: DeviceSample, uuids: set[str]) -> bool:
+    """Whether an NVML device, or one of its MIG slices, is among these bare UUIDs (`torch_uuid`'s spelling)."""
+    return any(canonical_uuid(u) in uuids for u in (device.uuid, *(m.uuid for m in device.mig_instances)) if u)
 
 
 def torch_memory_by_uuid(torch: Any | None = None) -> dict[str, tuple[int, int]]:
-    """{NVML uuid: (allocated, reserved)} for every CUDA device this kernel uses; {} before CUDA starts."""
+    """{bare UUID: (allocated, reserved)} for every CUDA device this kernel uses; {} before CUDA starts."""
     torch = loaded_torch() if torch is None else torch
     if not cuda_initialized(torch):
         return {}
     figures: dict[str, tuple[int, int]] = {}
     for index in range(torch.cuda.device_count()):
-        uuid = nvml_uuid(torch, index)
         reserved = int(torch.cuda.memory_reserved(index))
-        if uuid is None or not reserved:
+        if not reserved:
             continue  # a device this kernel never allocated on: nothing of ours to show there
-        figures[uuid] = (int(torch.cuda.memory_allocated(index)), reserved)
+        uuid = torch_uuid(torch, index)
+        if uuid is not None:
+            figures[uuid] = (int(torch.cuda.memory_allocated(index)), reserved)
     return figures
 
 
@@ -60,12 +100,14 @@ def with_torch_memory(sample: Sample, torch: Any | None = None) -> Sample:
     figures = torch_memory_by_uuid(torch)
     if not figures or sample.status != "ok":
         return sample
+    by_device: dict[int, list[tuple[int, int]]] = {}
+    for uuid, figure in figures.items():
+        found = find_device(sample, uuid)
+        if found is not None:
+            by_device.setdefault(found[0].index, []).append(figure)
     devices = []
     for device in sample.devices:
-        uuids = [device.uuid, *(m.uuid for m in device.mig_instances)]
-        # torch may report a MIG slice's UUID with either prefix.
-        keys = {u for u in uuids if u} | {f"GPU-{u[4:]}" for u in uuids if u and u.startswith("MIG-")}
-        mine = [figures[k] for k in keys if k in figures]
+        mine = by_device.get(device.index)
         if mine:
             device = replace(device, torch_allocated=sum(a for a, _ in mine), torch_reserved=sum(r for _, r in mine))
         devices.append(device)

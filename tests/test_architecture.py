@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu"
 # Ring 1: pure Python. They may import each other and the standard library, nothing from the outside world.
 PURE = [
     "jupyter_gpu", "jupyter_gpu.version", "jupyter_gpu.models", "jupyter_gpu.units", "jupyter_gpu.render_kit",
-    "jupyter_gpu.oom_markers", "jupyter_gpu.mismatch_markers", "jupyter_gpu.atomic_write",
+    "jupyter_gpu.oom_markers", "jupyter_gpu.mismatch_markers", "jupyter_gpu.device_uuid", "jupyter_gpu.atomic_write",
     "jupyter_gpu.autoload.config", "jupyter_gpu.autoload.notice",
     "jupyter_gpu.gpucheck.report", "jupyter_gpu.gpucheck.render", "jupyter_gpu.gpucheck.request",
     "jupyter_gpu.gpucheck.diagnose.engine", "jupyter_gpu.gpucheck.diagnose.device_rules",

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+from fake_cuda import CudaUuid, nvml_uuid
+
 from jupyter_gpu.kernel_torch import torch_memory_by_uuid, with_torch_memory
 from jupyter_gpu.metrics.sample import DeviceSample, MigInstance, Sample
 
@@ -19,7 +21,7 @@ GIB = 1024**3
 class FakeCuda:
     def __init__(self, initialized: bool, devices: dict[int, tuple[str, int, int]]) -> None:
         self.initialized = initialized
-        self.devices = devices  # index -> (uuid without prefix, allocated, reserved)
+        self.devices = devices  # index -> (NVML's uuid, allocated, reserved)
         self.calls: list[str] = []
 
     def is_initialized(self) -> bool:
@@ -32,7 +34,7 @@ class FakeCuda:
 
     def get_device_properties(self, index: int) -> SimpleNamespace:
         self.calls.append("get_device_properties")
-        return SimpleNamespace(uuid=self.devices[index][0])
+        return SimpleNamespace(uuid=CudaUuid(self.devices[index][0]))  # str() is bare hex, as torch's is
 
     def memory_allocated(self, index: int) -> int:
         self.calls.append("memory_allocated")
@@ -47,33 +49,38 @@ def sample(*devices: DeviceSample, status: str = "ok") -> Sample:
     return Sample(1.0, "nvml", False, status=status, devices=devices)
 
 
+A, B, C = nvml_uuid(0), nvml_uuid(1), nvml_uuid(2)
+
+
 def test_before_cuda_starts_only_the_flag_is_read():
-    cuda = FakeCuda(False, {0: ("aaaa", GIB, 2 * GIB)})
-    original = sample(DeviceSample(0, "H200", "GPU-aaaa"))
+    cuda = FakeCuda(False, {0: (A, GIB, 2 * GIB)})
+    original = sample(DeviceSample(0, "H200", A))
     assert with_torch_memory(original, SimpleNamespace(cuda=cuda)) is original
     assert cuda.calls == ["is_initialized"], "nothing that could start CUDA is called"
 
 
 def test_figures_go_to_the_device_with_the_same_uuid():
-    cuda = FakeCuda(True, {0: ("bbbb", 3 * GIB, 4 * GIB), 1: ("aaaa", GIB, 2 * GIB), 2: ("cccc", 0, 0)})
+    cuda = FakeCuda(True, {0: (B, 3 * GIB, 4 * GIB), 1: (A, GIB, 2 * GIB), 2: (C, 0, 0)})
     torch = SimpleNamespace(cuda=cuda)
-    assert torch_memory_by_uuid(torch) == {"GPU-bbbb": (3 * GIB, 4 * GIB), "GPU-aaaa": (GIB, 2 * GIB)}
-    result = with_torch_memory(sample(DeviceSample(0, "A", "GPU-aaaa"), DeviceSample(1, "B", "GPU-bbbb"),
-                                      DeviceSample(2, "C", "GPU-cccc")), torch)
+    assert torch_memory_by_uuid(torch) == {B[4:]: (3 * GIB, 4 * GIB), A[4:]: (GIB, 2 * GIB)}
+    result = with_torch_memory(sample(DeviceSample(0, "A", A), DeviceSample(1, "B", B), DeviceSample(2, "C", C)),
+                               torch)
     figures = [(d.torch_allocated, d.torch_reserved) for d in result.devices]
     assert figures == [(GIB, 2 * GIB), (3 * GIB, 4 * GIB), (None, None)], "CUDA order is not NVML order"
 
 
 def test_a_mig_slice_counts_on_its_parent_gpu():
-    cuda = FakeCuda(True, {0: ("1111", GIB, 2 * GIB)})
-    parent = DeviceSample(0, "A100", "GPU-parent", mig_enabled=True,
-                          mig_instances=(MigInstance(0, "MIG-1111", "1g.10gb"), MigInstance(1, "MIG-2222", "1g.10gb")))
+    # Under MIG, torch's props.uuid is the slice's own UUID, which NVML spells MIG-<hex>.
+    first, second = nvml_uuid(1, "MIG"), nvml_uuid(2, "MIG")
+    cuda = FakeCuda(True, {0: (first, GIB, 2 * GIB)})
+    parent = DeviceSample(0, "A100", A, mig_enabled=True,
+                          mig_instances=(MigInstance(0, first, "1g.10gb"), MigInstance(1, second, "1g.10gb")))
     [device] = with_torch_memory(sample(parent), SimpleNamespace(cuda=cuda)).devices
     assert (device.torch_allocated, device.torch_reserved) == (GIB, 2 * GIB)
 
 
 def test_no_driver_sample_is_left_alone():
-    cuda = FakeCuda(True, {0: ("aaaa", GIB, 2 * GIB)})
+    cuda = FakeCuda(True, {0: (A, GIB, 2 * GIB)})
     original = sample(status="no_driver")
     assert with_torch_memory(original, SimpleNamespace(cuda=cuda)) is original
 

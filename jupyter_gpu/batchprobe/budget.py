@@ -293,6 +293,9 @@ class AllocatorBudget:
 
         self._ledger.scan()
         self._ledger.start_trial()
+        # reset_peak_memory_stats sets the reserved peak to what is reserved now: without emptying the cache first,
+        # the cache an earlier, bigger trial left would read as this trial's peak.
+        self._cuda.empty_cache()
         self._cuda.reset_peak_memory_stats(self._index)
         return nullcontext()
 

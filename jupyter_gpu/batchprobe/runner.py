@@ -32,6 +32,7 @@ from jupyter_gpu.batchprobe.search import (
 )
 from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.batchprobe.ticker import Ticker
+from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.units import format_bytes, format_seconds
 
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
@@ -143,7 +144,9 @@ def _budget_for(torch: Any, max_memory: int | None, device: Any) -> Budget:
     if device is None:
         # No model to go by: a kernel that already uses CUDA most likely probes a CUDA step. If the step's
         # tensors turn out to live elsewhere, the first trial says so and the probe starts again there.
-        device = torch.device("cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu")
+        # cuda_initialized asks is_initialized() alone: is_available() would initialise the driver (cuInit, which
+        # breaks fork) in a kernel that never used CUDA.
+        device = torch.device("cuda" if cuda_initialized(torch) else "cpu")
     device = torch.device(device)
     try:
         if device.type == "cuda":

@@ -26,7 +26,7 @@ from jupyter_gpu.dataprobe.loaders import (
 )
 from jupyter_gpu.dataprobe.result import LOOP, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-from jupyter_gpu.gputime.clock import DeviceClock
+from jupyter_gpu.gputime.clock import DeviceClock, record_event, step_device_index
 
 MIN_BATCHES = 2  # a rate needs two batches; one may carry the epoch's start
 MIN_STEPS = 3
@@ -173,6 +173,8 @@ class TrialRunner:
         # More batches than the workers can hold ready: a window of queued batches alone would time only the
         # handover, not the loading (a busy host once measured one worker at 938 samples/s that loads 125).
         least = max(MIN_BATCHES, settings.num_workers * (settings.prefetch_factor or 0) + 2)
+        # The step's events go on its model's device, whichever device the step leaves current.
+        index = step_device_index(self._torch, target.device) if cuda and target is not None else None
         if loop:
             self._clock.synchronize()
         start = time.perf_counter()
@@ -185,15 +187,10 @@ class TrialRunner:
             if loop and target is not None:
                 if move:  # pinned host memory: the copy overlaps the previous step's GPU work
                     batch = to_device(batch, target.device, non_blocking=True)
-                ready = done = None
-                if cuda:
-                    ready = self._torch.cuda.Event(enable_timing=True)
-                    ready.record()
+                ready = record_event(self._torch, index) if index is not None else None
                 target.run(batch)
-                if cuda:
-                    done = self._torch.cuda.Event(enable_timing=True)
-                    done.record()
-                    events.append((ready, done))
+                if index is not None:
+                    events.append((ready, record_event(self._torch, index)))
             del batch
             if count >= least and time.perf_counter() - start >= seconds:
                 break

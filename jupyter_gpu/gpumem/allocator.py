@@ -15,7 +15,8 @@ from typing import Any
 from jupyter_gpu.batchprobe.budget import live_storages
 from jupyter_gpu.gpumem.result import DeviceLevel, DeviceTotals
 from jupyter_gpu.gpumem.walk import NotebookWalk
-from jupyter_gpu.kernel_torch import cuda_initialized, nvml_uuid
+from jupyter_gpu.kernel_torch import cuda_initialized, find_device, torch_uuid
+from jupyter_gpu.metrics.sample import Sample
 
 ALLOCATED = "allocated (torch.cuda.memory_allocated)"
 LIVE_CPU = "in live CPU storages Python can see"
@@ -34,8 +35,7 @@ def device_totals(torch: Any, walk: NotebookWalk, env: Mapping[str, str] | None 
     for record in walk.storages.values():
         named[record.device] = named.get(record.device, 0) + record.bytes
     unreached = unreached_bytes(torch, walk)
-    environ = os.environ if env is None else env
-    expandable = "expandable_segments:true" in environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    expandable = expandable_segments_on(torch, os.environ if env is None else env)
     totals: list[DeviceTotals] = []
     processes = _process_memory(torch)
     for index in cuda_indices(torch):
@@ -52,6 +52,30 @@ def device_totals(torch: Any, walk: NotebookWalk, env: Mapping[str, str] | None 
         totals.append(DeviceTotals(device="cpu", named_bytes=cpu_named, total_bytes=cpu_named + cpu_unreached,
                                    total_source=LIVE_CPU, unreached_bytes=cpu_unreached))
     return totals
+
+
+def expandable_segments_on(torch: Any, env: Mapping[str, str]) -> bool:
+    """Whether the caching allocator uses expandable segments: what the allocator reports where this torch can
+    say (2.13's settings getter also sees a change made at run time), else the variables as torch reads them."""
+    getter = getattr(getattr(torch, "_C", None), "_accelerator_getAllocatorSettings", None)
+    if callable(getter):
+        return _allocator_option(getter(), "expandable_segments") == "true"
+    value = None
+    # PYTORCH_ALLOC_CONF is the documented name; the old PYTORCH_CUDA_ALLOC_CONF is still read, after it.
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        found = _allocator_option(env.get(name, ""), "expandable_segments")
+        value = found if found is not None else value
+    return value == "true"
+
+
+def _allocator_option(settings: str, key: str) -> str | None:
+    """One option of an allocator settings string ("expandable_segments:True,max_split_size_mb:128"), lower-case."""
+    found = None
+    for part in settings.split(","):
+        name, sep, value = part.partition(":")
+        if sep and name.strip().lower() == key:
+            found = value.strip().lower()
+    return found
 
 
 def unreached_bytes(torch: Any, walk: NotebookWalk) -> dict[str, int]:
@@ -93,15 +117,22 @@ def _process_memory(torch: Any) -> dict[int, int]:
         backend.close()
     if sample.simulated:
         return {}  # a simulated GPU's processes are not this kernel
-    pid = os.getpid()
-    by_uuid: dict[str, int] = {}
-    for device in sample.devices:
-        for process in device.processes or ():
-            if process.pid == pid and process.memory_used is not None and device.uuid:
-                by_uuid[device.uuid] = process.memory_used
+    return process_bytes(torch, indices, sample, os.getpid())
+
+
+def process_bytes(torch: Any, indices: list[int], sample: Sample, pid: int) -> dict[int, int]:
+    """{CUDA index: bytes NVML lists for process `pid` there}, matched by UUID: a whole GPU's, or a MIG slice's."""
     figures: dict[int, int] = {}
     for index in indices:
-        uuid = nvml_uuid(torch, index)
-        if uuid in by_uuid:
-            figures[index] = by_uuid[uuid]
+        found = find_device(sample, torch_uuid(torch, index))
+        if found is None:
+            continue
+        device, mig = found
+        # A MIG slice's processes are listed on its parent GPU, each with the GPU instance it runs in.
+        for process in device.processes or ():
+            if process.pid != pid or process.memory_used is None:
+                continue
+            if mig is None or None in (process.gpu_instance_id, mig.gpu_instance_id) \
+                    or process.gpu_instance_id == mig.gpu_instance_id:
+                figures[index] = figures.get(index, 0) + process.memory_used
     return figures

@@ -61,6 +61,14 @@ def timing_findings(*, first_time: float, stats: TimingStats | None, ops: OpCoun
             "This cell initialised CUDA, so its first run includes creating the CUDA context "
             "(often 0.2-2 s); time it again, or use -n/-r, for the steady state.",
             evidence={"first run": format_seconds(first_time)}))
+    if ops is not None and ops.side_stream_ops:
+        findings.append(Finding(
+            "GPU_TIME_LOWER_BOUND", "info",
+            f"{format_count(ops.side_stream_ops)} of the cell's GPU operations ran on side streams, so the GPU "
+            "time is a lower bound: it is measured on each device's current stream, and work on another stream "
+            "that stream does not wait for is not in it. The wall time, taken after synchronising, includes it.",
+            evidence={"operations on side streams": format_count(ops.side_stream_ops),
+                      "GPU operations": format_count(ops.accelerator_ops)}))
     return order_findings(findings)
 
 

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from jupyter_gpu.gputime.result import GpuBusy
+from jupyter_gpu.kernel_torch import uses_device
 from jupyter_gpu.metrics.hub import Lease
 from jupyter_gpu.metrics.sample import Sample
 
@@ -43,7 +44,10 @@ class BusyWatch:
             self._lease.close()
 
     def result(self, uuids: set[str] | None = None) -> tuple[GpuBusy | None, str | None, list[str]]:
-        """(busy fraction, or a note saying why there is none, performance throttle reasons seen)."""
+        """(busy fraction, or a note saying why there is none, performance throttle reasons seen).
+
+        `uuids`: the bare UUIDs of the devices the cell used (`kernel_torch.torch_uuid`); None for every GPU.
+        """
         # The reading taken as the cell started reflects the time before it, so it is left out.
         samples = [s for s in self._samples if s.timestamp > self._started and s.status == "ok"]
         throttles = sorted({reason for s in samples for d in s.devices if d.throttled
@@ -54,7 +58,7 @@ class BusyWatch:
         devices: set[str] = set()
         for sample in samples:
             for device in sample.devices:
-                if device.utilization_gpu is None or (uuids and device.uuid not in uuids):
+                if device.utilization_gpu is None or (uuids and not uses_device(device, uuids)):
                     continue
                 readings.append(device.utilization_gpu)
                 devices.add(device.label)

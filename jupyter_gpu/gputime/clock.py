@@ -7,29 +7,55 @@ would make every later forked DataLoader worker fail ("Cannot re-initialize CUDA
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from jupyter_gpu.gputime.result import DeviceMemory
-from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.kernel_torch import context_devices, cuda_initialized, loaded_torch
+
+
+def record_event(torch: Any, index: int) -> Any:
+    """A timing event recorded now on device `index`'s current stream.
+
+    The stream is named explicitly: `Event.record()` without one uses whichever device is current, so work on
+    another device would be timed as zero, and a cell that calls `torch.cuda.set_device` would leave two events
+    on two devices, whose `elapsed_time` raises.
+    """
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(index))
+    return event
+
+
+def step_device_index(torch: Any, device: Any) -> int:
+    """The index of a CUDA `torch.device`; a bare "cuda" means the device current now, as torch reads it."""
+    return int(device.index) if device.index is not None else int(torch.cuda.current_device())
 
 
 class DeviceClock:
     """Wall time bracketed by device synchronisation, plus CUDA events when CUDA is up.
 
-    `extra_sync` names other accelerator types the cell used (mps, xpu), synchronised too.
+    Only devices this kernel has a context on are synchronised and timed (`kernel_torch.context_devices`), plus
+    `devices`, those the operator counts saw the work on. `extra_sync` names other accelerator types the cell
+    used (mps, xpu), synchronised too. The GPU time is the longest span among the timed devices, each measured on
+    its current stream: work on side streams that the current stream does not wait for is not in it.
     """
 
-    def __init__(self, torch: Any | None, extra_sync: frozenset[str] = frozenset()) -> None:
+    def __init__(self, torch: Any | None, extra_sync: frozenset[str] = frozenset(),
+                 devices: Iterable[int] = ()) -> None:
         self._torch = torch
-        self.cuda = cuda_initialized(torch)
         self._extra_sync = extra_sync
+        self._named = frozenset(devices)
 
-    def synchronize(self) -> None:
-        torch = self._torch
-        if self.cuda:
-            for index in range(torch.cuda.device_count()):
-                torch.cuda.synchronize(index)
+    def devices(self) -> tuple[int, ...]:
+        """The CUDA devices to synchronise and time now; () while CUDA is not initialised in this kernel."""
+        torch = self._torch if self._torch is not None else loaded_torch()  # the cell may have imported it
+        found = context_devices(torch)
+        return tuple(sorted({*found, *self._named})) if found else ()
+
+    def synchronize(self, devices: tuple[int, ...] | None = None) -> None:
+        torch = self._torch if self._torch is not None else loaded_torch()
+        for index in self.devices() if devices is None else devices:
+            torch.cuda.synchronize(index)
         for kind in self._extra_sync:
             backend = getattr(torch, kind, None)
             if backend is not None and hasattr(backend, "synchronize"):
@@ -37,22 +63,21 @@ class DeviceClock:
 
     def time(self, run: Callable[[], Any]) -> tuple[float, float | None]:
         """(wall seconds, GPU seconds or None) of `run()`, with queued work drained before and after."""
-        self.synchronize()
-        start = end = None
-        if self.cuda:
-            start = self._torch.cuda.Event(enable_timing=True)
-            end = self._torch.cuda.Event(enable_timing=True)
-            start.record()
+        devices = self.devices()
+        self.synchronize(devices)
+        torch = self._torch
+        starts = {index: record_event(torch, index) for index in devices}
+        ends: dict[int, Any] = {}
         began = time.perf_counter()
         try:
             run()
         finally:
-            if end is not None:
-                end.record()
-            self.synchronize()
+            for index in starts:
+                ends[index] = record_event(torch, index)
+            self.synchronize()  # again from the top: the run may have started CUDA or used a new device
             wall = time.perf_counter() - began
-        gpu = start.elapsed_time(end) / 1000.0 if start is not None and end is not None else None
-        return wall, gpu
+        gpu = max((starts[i].elapsed_time(ends[i]) for i in starts), default=None)
+        return wall, None if gpu is None else gpu / 1000.0
 
 
 class CudaMemoryWatch:

@@ -24,7 +24,7 @@ from jupyter_gpu.gputime.ops import (
     sync_reason,
 )
 from jupyter_gpu.gputime.result import OpCounts
-from jupyter_gpu.kernel_torch import handler_mode
+from jupyter_gpu.kernel_torch import context_devices, handler_mode
 
 _CALIBRATION_OPS = 400
 # Operators that mark profiler ranges (optimizers emit them every step): bookkeeping, not work.
@@ -50,8 +50,14 @@ class OpCounter:
         self.cpu_peak = 0
         self._live: dict[int, tuple[weakref.ref, int]] = {}
         self._stack = ExitStack()
+        # Per CUDA device, the stream the clock records its events on (the current one when counting began).
+        self._timed_streams: dict[int, Any] = {}
+        self.side_stream_ops = 0
+        self.cuda_devices: set[int] = set()
 
     def __enter__(self) -> OpCounter:
+        self._timed_streams = {index: self._torch.cuda.current_stream(index)
+                               for index in context_devices(self._torch)}
         self._stack.enter_context(self._mode)
         tensor_class = self._torch.Tensor
         original_repr = tensor_class.__repr__
@@ -89,6 +95,8 @@ class OpCounter:
             cpu_peak_bytes=self.cpu_peak,
             cpu_bytes_held=held,
             overhead_seconds=overhead_seconds,
+            cuda_devices=tuple(sorted(self.cuda_devices)),
+            side_stream_ops=self.side_stream_ops,
         )
 
     # Called by the dispatch mode for every operator.
@@ -106,6 +114,8 @@ class OpCounter:
         kind = op_device_type(inputs, outputs)
         if kind is not None:
             self.by_device[kind] += 1
+            if kind == "cuda":
+                self._note_stream(inputs or outputs)
         direction = None
         if is_copy:
             direction = _copy_of(name, inputs, outputs)
@@ -120,6 +130,19 @@ class OpCounter:
             self.blocking_seconds += elapsed
         self._track_cpu_allocations(func, out)
         return out
+
+    def _note_stream(self, devices: tuple[str, ...]) -> None:
+        """Which CUDA device the operator ran on, and whether it was queued on a side stream: CUDA events on the
+        timed stream do not see work on another stream that the timed one never waits for."""
+        index = next((cuda_index(d) for d in devices if d.startswith("cuda")), None)
+        if index is None:
+            return
+        self.cuda_devices.add(index)
+        timed = self._timed_streams.get(index)
+        if timed is None:  # a device first used by this run: the clock will time its default stream
+            timed = self._timed_streams[index] = self._torch.cuda.default_stream(index)
+        if self._torch.cuda.current_stream(index) != timed:
+            self.side_stream_ops += 1
 
     def _track_cpu_allocations(self, func: Any, out: Any) -> None:
         returns = func._schema.returns
@@ -164,6 +187,12 @@ def counting_overhead_per_op(torch: Any) -> float:
                 counted.append(time.perf_counter() - started)
         _calibrated_cost = max(min(counted) - min(bare), 0.0) / _CALIBRATION_OPS
     return _calibrated_cost
+
+
+def cuda_index(device: str) -> int:
+    """1 for "cuda:1". A tensor's device always names its index; a bare "cuda" would be device 0."""
+    _, _, index = device.partition(":")
+    return int(index) if index else 0
 
 
 def _as_tuple(value: Any) -> tuple:

@@ -24,6 +24,8 @@ class OpCounts:
     cpu_peak_bytes: int = 0              # most of it alive at once
     cpu_bytes_held: int = 0              # still alive after the run (assigned to variables, or leaked)
     overhead_seconds: float | None = None  # what counting itself added to the counted run (measured)
+    cuda_devices: tuple[int, ...] = ()   # the CUDA device indices the operators ran on
+    side_stream_ops: int = 0             # operators queued on a stream other than the one the clock times
 
     @property
     def top_ops(self) -> list[tuple[str, int]]:

@@ -18,7 +18,7 @@ from jupyter_gpu.gputime.opcount import OpCounter, counting_overhead_per_op
 from jupyter_gpu.gputime.ops import is_accelerator
 from jupyter_gpu.gputime.result import GpuTimeResult, OpCounts
 from jupyter_gpu.gputime.stats import summarize
-from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch, nvml_uuid
+from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch, torch_uuid
 from jupyter_gpu.metrics.hub import Lease
 from jupyter_gpu.units import format_seconds
 
@@ -82,7 +82,7 @@ def time_cell(namespace: dict[str, Any], cell: CompiledCell, request: TimingRequ
         interrupted: KeyboardInterrupt | None = None
         if request.repeated:
             torch = loaded_torch()  # the cell may have imported it
-            clock = DeviceClock(torch, extra_sync=_other_accelerators(ops))
+            clock = DeviceClock(torch, extra_sync=_other_accelerators(ops), devices=ops.cuda_devices if ops else ())
             for _ in range(request.warmup):
                 clock.time(lambda: runner.loop(1))
             loops, repeat = _plan(request, clock, runner, first_wall)
@@ -219,7 +219,7 @@ def _device_uuids(torch: Any | None, memory: list[Any]) -> set[str] | None:
         return None
     uuids = set()
     for use in memory:
-        uuid = nvml_uuid(torch, int(use.device.split(":")[1]))
+        uuid = torch_uuid(torch, int(use.device.split(":")[1]))
         if uuid is not None:
             uuids.add(uuid)
     return uuids or None

@@ -69,8 +69,13 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return f"the model's parameters are already {', '.join(sorted(str(d) for d in reduced))}"
         if setting.device_type not in ("cuda", "cpu"):
             return f"autocast is tried on CUDA and the CPU; this model is on {setting.device}"
-        if name == "amp-bf16" and cuda and not torch.cuda.is_bf16_supported():
-            return f"{torch.cuda.get_device_name(setting.device)} has no bfloat16 support"
+        if name == "amp-bf16" and cuda and not getattr(torch.version, "hip", None):
+            # torch.cuda.is_bf16_supported() asks the current device, not the step's; its rule is the same:
+            # compute capability 8.0 or newer (below that, bfloat16 is emulated, slower than float32).
+            major, minor = torch.cuda.get_device_capability(setting.device)
+            if major < 8:
+                return (f"{torch.cuda.get_device_name(setting.device)} has no native bfloat16: it needs compute "
+                        f"capability 8.0 (Ampere) or newer, this GPU is {major}.{minor}")
         return None
     if name == "tf32":
         if not cuda:

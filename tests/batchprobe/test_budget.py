@@ -6,10 +6,10 @@ import gc
 import types
 import weakref
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
+from fake_cuda import FakeCuda, FakeGpu
 
 from jupyter_gpu.batchprobe.budget import AllocatorBudget, TensorBudget, live_tensor_bytes
 from jupyter_gpu.batchprobe.oom import FailureKind, classify
@@ -272,73 +272,63 @@ def test_live_tensor_bytes_ignores_meta_tensors() -> None:
     del meta
 
 
-class FakeCudaAllocator:
-    """What this machine lacks: the CUDA caching allocator's statistics, driven by the test."""
-
-    def __init__(self) -> None:
-        self.allocated = 0
-        self.max_reserved = 0
-        self.max_allocated = 0
-        self.fraction = 1.0
-
-    def current_device(self) -> int:
-        return 0
-
-    def empty_cache(self) -> None: ...
-
-    def get_device_properties(self, index: int) -> Any:
-        return types.SimpleNamespace(total_memory=8 << 30)
-
-    def mem_get_info(self, index: int) -> tuple[int, int]:
-        return 6 << 30, 8 << 30
-
-    def memory_reserved(self, index: int) -> int:
-        return self.allocated
-
-    def memory_allocated(self, index: int) -> int:
-        return self.allocated
-
-    def max_memory_reserved(self, index: int) -> int:
-        return self.max_reserved
-
-    def max_memory_allocated(self, index: int) -> int:
-        return self.max_allocated
-
-    def reset_peak_memory_stats(self, index: int) -> None:
-        self.max_reserved = self.max_allocated = self.allocated
-
-    def get_per_process_memory_fraction(self, index: int) -> float:
-        return self.fraction
-
-    def set_per_process_memory_fraction(self, fraction: float, index: int) -> None:
-        self.fraction = fraction
-
-    def synchronize(self, index: int) -> None: ...
-
-    def run(self, peak: int, after: int) -> None:
-        """One step: it reaches `peak` bytes, then leaves `after` allocated."""
-        self.max_reserved = max(self.max_reserved, peak)
-        self.max_allocated = max(self.max_allocated, peak)
-        self.allocated = after
+def gpu_with_8_gib() -> FakeCuda:
+    return FakeCuda([FakeGpu(total_memory=8 << 30)])
 
 
 def test_the_cuda_budget_peak_covers_every_step_and_reads_what_each_step_left() -> None:
-    cuda = FakeCudaAllocator()
+    cuda = gpu_with_8_gib()
     fake_torch = types.SimpleNamespace(cuda=cuda, Tensor=torch.Tensor)
     budget = AllocatorBudget(fake_torch, limit_bytes=2 << 30)
-    assert cuda.fraction == 0.25
-    cuda.allocated = 100
+    assert cuda.get_per_process_memory_fraction(0) == 0.25
+    kept = cuda.allocate(100 << 20)
     with budget.trial():
-        cuda.run(peak=5000, after=300)
+        activations = cuda.allocate(500 << 20)  # the step's peak: 600 MiB allocated
+        cuda.free(activations)
+        grads = cuda.allocate(300 << 20)
         first = budget.live_after_step()
-        cuda.run(peak=4000, after=700)
+        cuda.free(grads)
+        grads = cuda.allocate(200 << 20)
         second = budget.live_after_step()
     budget.end_trial()
-    assert (first, second) == (300, 700)
-    assert budget.peak().bytes == 5000 and budget.peak().curve is None
+    assert (first, second) == (400 << 20, 300 << 20)
+    assert budget.peak().bytes == 600 << 20 and budget.peak().curve is None
     assert budget.leftovers() == {}  # no CUDA storages live on this machine
     budget.close()
-    assert cuda.fraction == 1.0
+    assert cuda.get_per_process_memory_fraction(0) == 1.0
+    cuda.free(kept)
+    cuda.free(grads)
+
+
+def test_a_trial_peak_is_its_own_not_the_cache_an_earlier_bigger_trial_left() -> None:
+    # reset_peak_memory_stats sets the reserved peak to what is reserved now: cache kept from an earlier trial
+    # would count as this trial's peak, and a batch size that fits would be reported as needing that much.
+    cuda = gpu_with_8_gib()
+    budget = AllocatorBudget(types.SimpleNamespace(cuda=cuda, Tensor=torch.Tensor), limit_bytes=6 << 30)
+    with budget.trial():
+        cuda.free(cuda.allocate(4 << 30))  # batch 256: 4 GiB, freed; the allocator keeps it reserved
+    budget.end_trial()
+    with budget.trial():
+        cuda.free(cuda.allocate(1 << 30))  # batch 64: 1 GiB
+    budget.end_trial()
+    assert budget.peak().bytes == 1 << 30
+    budget.close()
+
+
+def test_going_past_the_cap_is_torchs_own_out_of_memory_error() -> None:
+    cuda = gpu_with_8_gib()
+    budget = AllocatorBudget(types.SimpleNamespace(cuda=cuda, Tensor=torch.Tensor), limit_bytes=1 << 30)
+    with budget.trial(), pytest.raises(torch.OutOfMemoryError) as raised:
+        cuda.allocate(2 << 30)
+    budget.end_trial()
+    failure = classify(raised.value)
+    assert failure is not None and failure.kind is FailureKind.OUT_OF_MEMORY
+    assert "1024.00 MiB allowed" in str(raised.value)  # c10's format_size: up to 1 GiB in MiB
+    budget.close()
+    with pytest.raises(TypeError):
+        cuda.set_per_process_memory_fraction(1, 0)  # torch takes a float only
+    with pytest.raises(ValueError, match="Allowed range"):
+        cuda.set_per_process_memory_fraction(1.5, 0)
 
 
 # -- across trials: what existed before, what an earlier trial left ---------------------------------------

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-# NVML says GPU-<uuid> or MIG-<uuid>; str() of torch's device-properties uuid (a _CUuuid, printed by
-# torch/csrc/cuda/Module.cpp with uuid_to_string) is the bare 8-4-4-4-12 lower-case hex form.
-UUID_PREFIX = re.compile(r"^(?:GPU|MIG)-", re.I)
-CANONICAL_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+from jupyter_gpu.device_uuid import UUID_PREFIX, canonical_uuid
 
 
 @dataclass(frozen=True)
@@ -49,21 +45,6 @@ def parse_visible_devices(value: str | None, physical_count: int | None) -> Visi
     if value.strip() == "":
         problem = "the variable is set to an empty string, which hides every GPU"
     return Visibility("indices", tuple(indices), problem=problem)
-
-
-def canonical_uuid(value: object, *, partial: bool = False) -> str | None:
-    """One spelling for a device UUID from NVML, torch or CUDA_VISIBLE_DEVICES: bare lower-case 8-4-4-4-12 hex.
-
-    None when the text is not such a UUID (old-style MIG-GPU-<uuid>/1/0 names, test labels), so callers
-    compare devices by UUID only when both sides really are UUIDs. `partial` accepts a leading part, as
-    CUDA_VISIBLE_DEVICES does (GPU-1b2c selects the one GPU whose UUID starts so).
-    """
-    if not isinstance(value, str) or not value.strip():
-        return None
-    text = UUID_PREFIX.sub("", value.strip()).lower()
-    if partial:
-        return text if re.fullmatch(r"[0-9a-f-]+", text) else None
-    return text if CANONICAL_UUID.match(text) else None
 
 
 def short_uuid(value: object) -> str:

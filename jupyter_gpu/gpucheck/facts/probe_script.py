@@ -180,11 +180,14 @@ def nvml_device(pynvml, index):
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     device = {"index": index, "errors": {}}
 
+    # NVMLLibraryMismatchError is not an NVMLError: one call this driver lacks must not lose the whole section.
+    failures = (pynvml.NVMLError, getattr(pynvml, "NVMLLibraryMismatchError", pynvml.NVMLError))
+
     def read(key, getter):
         # A field this GPU does not support stays None (never a made-up 0) and the reason is kept.
         try:
             device[key] = getter()
-        except pynvml.NVMLError as exc:
+        except failures as exc:
             device[key] = None
             device["errors"][key] = str(exc)
 
@@ -197,14 +200,55 @@ def nvml_device(pynvml, index):
     read("compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
     # Named as the live metrics name them (jupyter_gpu.metrics.sample): mig_enabled, mig_instances, memory_used.
     # The current mode, not the pending one; NVML_DEVICE_MIG_ENABLE is 1.
-    read("mig_enabled", lambda: int(pynvml.nvmlDeviceGetMigMode(handle)[0]) == 1)
+    read("mig_enabled", lambda: mig_enabled(pynvml, handle))
     read("processes", lambda: [
         {"pid": int(p.pid), "memory_used": None if p.usedGpuMemory is None else int(p.usedGpuMemory)}
-        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        for p in gpu_processes(pynvml, handle, device.get("mig_enabled"))
     ])
     if device.get("mig_enabled"):
         read("mig_instances", lambda: mig_instances(pynvml, handle))
     return device
+
+
+def mig_enabled(pynvml, handle):
+    """Whether MIG is on now; False on a GPU without MIG, which answers NotSupported (most GPUs do)."""
+    try:
+        return int(pynvml.nvmlDeviceGetMigMode(handle)[0]) == 1
+    except pynvml.NVMLError_NotSupported:
+        return False
+
+
+def gpu_processes(pynvml, handle, mig):
+    """The GPU's compute processes. With MIG on, the parent's list covers every slice and needs root; without
+    root, each slice's own list is read instead."""
+    try:
+        return compute_processes(pynvml, handle)
+    except pynvml.NVMLError_NoPermission:
+        if not mig:
+            raise
+    found = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            slice_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError_NotFound:
+            continue
+        found.extend(compute_processes(pynvml, slice_handle))
+    return found
+
+
+def compute_processes(pynvml, handle):
+    """The compute processes on a GPU, on any driver.
+
+    pynvml's unversioned call is the _v3 one, which drivers before R510 lack; pynvml then raises
+    NVMLLibraryMismatchError, which is not an NVMLError, so without this fallback the whole NVML section
+    would be lost on exactly the old-driver machines. Those drivers have _v2.
+    """
+    missing = tuple(getattr(pynvml, name) for name in ("NVMLError_FunctionNotFound", "NVMLLibraryMismatchError")
+                    if isinstance(getattr(pynvml, name, None), type))
+    try:
+        return pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except missing:
+        return pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
 
 def mig_instances(pynvml, handle):
@@ -258,7 +302,10 @@ def nccl_version(torch):
         parts = torch.cuda.nccl.version()
     except Exception:  # AttributeError/RuntimeError: this build has no NCCL
         return None
-    return ".".join(str(part) for part in parts) if isinstance(parts, tuple) else str(parts)
+    if not isinstance(parts, tuple):
+        return str(parts)
+    # (2, 27, 3), or (2, 27, 3, "+cuda12.9") when NCCL was built with a suffix, which follows the number.
+    return ".".join(str(part) for part in parts[:3]) + "".join(str(part) for part in parts[3:])
 
 
 def cuda_facts(torch, out):
@@ -268,7 +315,9 @@ def cuda_facts(torch, out):
     out["hip"] = getattr(torch.version, "hip", None)
     compiled = hasattr(torch._C, "_cuda_getDeviceCount")
     out["compiled_with_cuda"] = compiled
-    out["arch_flags"] = torch._C._cuda_getArchFlags().split() if compiled else []
+    # None on some source builds (no TORCH_CUDA_ARCH_LIST recorded): unknown, not "no architectures".
+    flags = torch._C._cuda_getArchFlags() if compiled else ""
+    out["arch_flags"] = flags.split() if flags is not None else None
     # The only cuInit in the whole tool, and it happens here, in the child.
     out["device_count"] = torch._C._cuda_getDeviceCount() if compiled else 0
     out["devices"] = []
