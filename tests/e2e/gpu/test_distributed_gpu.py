@@ -15,8 +15,7 @@ from processes import child_pids
 from jupyter_gpu.distributed.allreduce import run_allreduce
 from jupyter_gpu.distributed.collective import KIB, MIB
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = pytest.mark.gpu  # skipped with its reason where CUDA is not available (conftest.py)
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 needs_two = pytest.mark.skipif(GPUS < 2, reason="needs two GPUs or more")
 
