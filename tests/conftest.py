@@ -19,6 +19,17 @@ from jupyter_gpu.gpucheck.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Every gpu-marked test skips with its reason where CUDA is not available, before any fixture: a module-scoped
+    # shell or model that touches CUDA is never built on a machine without it.
+    if item.get_closest_marker("gpu") is not None:
+        from cuda_state import cuda_missing
+
+        if (reason := cuda_missing()) is not None:
+            pytest.skip(reason)
+
+
 @pytest.fixture(autouse=True)
 def _probe_cache_in_a_temp_folder(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checks run with the real environment keep the torch-probe cache out of the user's ~/.cache."""

@@ -1,6 +1,6 @@
-"""What the gpu-marked tests here share: a skip with its reason where CUDA is not available, the warm-up of cuBLAS's
-workspaces before memory is measured, a fresh process for checks that need CUDA untouched, and whether NVML lists
-this machine's process IDs at all."""
+"""What the gpu-marked tests here share: the warm-up of cuBLAS's workspaces before memory is measured, a fresh
+process for checks that need CUDA untouched, and whether NVML lists this machine's process IDs at all. (The skip
+where CUDA is not available is in tests/conftest.py, for every gpu-marked test.)"""
 
 from __future__ import annotations
 
@@ -12,14 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from cuda_state import cuda_missing, warm_up_cuda_libraries
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    # Before any fixture: a module-scoped shell or model that touches CUDA is never built on a machine without it.
-    if item.get_closest_marker("gpu") is not None and (reason := cuda_missing()) is not None:
-        pytest.skip(reason)
+from cuda_state import warm_up_cuda_libraries
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
 
 
 def test_torchs_uuid_is_nvmls_without_its_prefix():
