@@ -126,10 +126,11 @@ def of_mode(trials: Iterable[Trial], mode: str) -> list[Trial]:
 
 
 def pooled(trials: Iterable[Trial]) -> dict[LoaderSettings, list[float]]:
-    """Every window measured for each setting, over all the trials that ran it without an error."""
+    """Every window measured for each setting, over all the trials that ran it without an error and without
+    yielding the same data once per worker (duplicated samples are no throughput)."""
     windows: dict[LoaderSettings, list[float]] = {}
     for trial in trials:
-        if trial.error is None and trial.rates:
+        if trial.error is None and trial.rates and not trial.duplicates:
             windows.setdefault(trial.settings, []).extend(trial.rates)
     return windows
 
@@ -154,7 +155,7 @@ def pooled_wait(trials: Iterable[Trial]) -> dict[LoaderSettings, float]:
     """The mean share of the loop spent waiting for data, per setting, over its trials in the loop."""
     waits: dict[LoaderSettings, list[float]] = {}
     for trial in trials:
-        if trial.error is None and trial.wait_fraction is not None:
+        if trial.error is None and trial.wait_fraction is not None and not trial.duplicates:
             waits.setdefault(trial.settings, []).append(trial.wait_fraction)
     return {settings: sum(values) / len(values) for settings, values in waits.items()}
 

@@ -4,13 +4,20 @@ The user's loader is never iterated: iterating it would advance its sampler and,
 iterator. Every setting gets a new DataLoader over the same dataset, sampler (or batch sampler), batch size,
 collate function, drop_last, timeout, worker_init_fn, start method and generator. Samplers and generators are
 shared objects, so their state is put back afterwards (`SamplerStates`). torch is imported inside functions only.
+
+The fresh loaders' collate function is the user's, wrapped to return how many items it was handed along with the
+batch (`CountingCollate`): that is the number of indices the sampler drew, or of items taken from an
+IterableDataset, whatever shape the batch has (torchvision's detection collate `tuple(zip(*b))` makes a batch of 8
+images a tuple of 8 tensors, whose first dimension is an image's channels).
 """
 
 from __future__ import annotations
 
 import os
+import random
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +53,28 @@ class LoaderRecipe:
         from torch.utils.data import DataLoader
 
         arguments = dict(self.arguments)
+        batched = arguments.get("batch_size") is not None or "batch_sampler" in arguments
+        arguments["collate_fn"] = CountingCollate(arguments["collate_fn"], batched)
         if settings.num_workers == 0:
             arguments.pop("multiprocessing_context", None)  # DataLoader refuses a start method without workers
         with quiet_worker_count():
             return DataLoader(**arguments, **settings.kwargs())
+
+
+class CountingCollate:
+    """The user's collate function, returning (items it was handed, the batch): the samples a batch holds.
+
+    With automatic batching the DataLoader hands it the list of items fetched for one batch (one per index its
+    sampler drew); without, one item, which is a batch the dataset made itself: its size is then not known here
+    (None). A module-level class, so that workers started with spawn can unpickle it.
+    """
+
+    def __init__(self, collate_fn: Any, batched: bool) -> None:
+        self.collate_fn = collate_fn
+        self.batched = batched
+
+    def __call__(self, items: Any) -> tuple[int | None, Any]:
+        return (len(items) if self.batched else None), self.collate_fn(items)
 
 
 @contextmanager
@@ -102,44 +127,71 @@ def recipe_of(loader: Any) -> LoaderRecipe:
 
 @dataclass
 class SamplerStates:
-    """The generators and plain attributes of the user's sampler, batch sampler and loader generator.
+    """The random generators of the user's sampler, batch sampler, dataset and loader, and the plain attributes of
+    the sampler and batch sampler.
 
-    A RandomSampler built with a generator advances it on every epoch; a custom sampler may count epochs in an
-    attribute. Both are shared with the fresh loaders, so both are put back.
+    A RandomSampler built with a generator advances it on every epoch; a bucketing batch sampler may shuffle with
+    its own `np.random.default_rng` and count epochs in an attribute; a dataset may augment with its own
+    `random.Random`. All are shared with the fresh loaders (the dataset is used in the kernel's process at
+    num_workers=0), so all are put back. The dataset's other attributes are left alone: it may cache what it loads.
     """
 
-    generators: list[tuple[Any, Any]] = field(default_factory=list)  # (generator, its state)
+    generators: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (generator, its state, set_state)
     attributes: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (object, shallow copy of __dict__)
 
     @classmethod
     def take(cls, loader: Any) -> SamplerStates:
-        import torch
-
         states = cls()
         seen: set[int] = set()
-        owners = [loader.sampler, loader.batch_sampler, getattr(loader.batch_sampler, "sampler", None)]
+        samplers = [loader.sampler, loader.batch_sampler, getattr(loader.batch_sampler, "sampler", None)]
         candidates = [loader.generator]
-        for owner in owners:
+        for owner in [*samplers, loader.dataset]:
             if owner is None or id(owner) in seen:
                 continue
             seen.add(id(owner))
             attributes = getattr(owner, "__dict__", None)
-            if isinstance(attributes, dict):
+            if not isinstance(attributes, dict):
+                continue
+            if owner is not loader.dataset:
                 states.attributes.append((owner, dict(attributes)))
-                candidates.extend(value for value in attributes.values() if isinstance(value, torch.Generator))
+            candidates.extend(attributes.values())
         done: set[int] = set()
-        for generator in candidates:
-            if isinstance(generator, torch.Generator) and id(generator) not in done:
-                done.add(id(generator))
-                states.generators.append((generator, generator.get_state()))
+        for candidate in candidates:
+            access = _generator_access(candidate)
+            if access is not None and id(candidate) not in done:
+                done.add(id(candidate))
+                get_state, set_state = access
+                states.generators.append((candidate, get_state(), set_state))
         return states
 
     def restore(self) -> None:
         for owner, attributes in self.attributes:
             owner.__dict__.clear()
             owner.__dict__.update(attributes)
-        for generator, state in self.generators:
-            generator.set_state(state)
+        for _, state, set_state in self.generators:
+            set_state(state)
+
+
+def _generator_access(value: Any) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """(get the state, set it) of a random generator: torch.Generator, NumPy's Generator and RandomState, or
+    Python's random.Random; None for anything else. NumPy is only looked at where the kernel imported it."""
+    import torch
+
+    if isinstance(value, torch.Generator):
+        return value.get_state, value.set_state
+    if isinstance(value, random.Random):  # also random.SystemRandom, whose getstate raises: no state to keep
+        if isinstance(value, random.SystemRandom):
+            return None
+        return value.getstate, value.setstate
+    numpy = sys.modules.get("numpy")
+    if numpy is None:
+        return None
+    if isinstance(value, numpy.random.Generator):
+        bits = value.bit_generator
+        return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
+    if isinstance(value, numpy.random.RandomState):
+        return value.get_state, value.set_state
+    return None
 
 
 # -- batches --------------------------------------------------------------------------------------------------
@@ -159,14 +211,22 @@ def _tensors(batch: Any, depth: int = 0) -> Iterator[Any]:
                 yield from _tensors(value, depth + 1)
 
 
-def batch_samples(batch: Any, batch_size: int | None) -> int:
-    """How many samples a batch holds: the first tensor's leading dimension, else its length, else batch_size."""
-    for tensor in _tensors(batch):
-        if tensor.dim() > 0:
-            return int(tensor.shape[0])
-    if isinstance(batch, list | tuple) and batch and isinstance(batch[0], list | tuple):
-        return len(batch[0])
-    return batch_size or 1
+def batch_samples(batch: Any, items: int | None) -> int:
+    """How many samples a batch holds: the items its collate function was handed (the indices drawn), else its
+    outer length (see `outer_length`)."""
+    return items if items is not None else outer_length(batch)
+
+
+def outer_length(batch: Any) -> int:
+    """The samples in a batch the dataset made itself (no automatic batching): the leading dimension that every
+    tensor in it shares (one tensor: its own), else 1, one item.
+
+    A sample such as (image 3xHxW, label) counts 1, not 3: its tensors do not share a leading dimension.
+    """
+    leading = {int(tensor.shape[0]) if tensor.dim() > 0 else None for tensor in _tensors(batch)}
+    if len(leading) == 1 and None not in leading:
+        return leading.pop() or 1
+    return 1
 
 
 def batch_cuda_device(batch: Any) -> str | None:

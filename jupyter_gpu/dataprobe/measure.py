@@ -5,6 +5,10 @@ gets fewer batches rather than more time. Epochs that end inside a window start 
 training: the start-up of non-persistent workers then counts, which is what `persistent_workers` saves. The
 batches the workers prefetched while starting are drained before the first window: they would make the first
 window look faster than the steady state.
+
+Samples are counted by the items each batch was collated from (`loaders.CountingCollate`). For an IterableDataset
+the first epoch's first batches are fingerprinted (`repeats`), so that a setting whose workers each yield the
+whole stream is told apart from one that splits it; the hashing time is taken out of the windows.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_gpu.dataprobe import repeats
 from jupyter_gpu.dataprobe.loaders import (
     LoaderRecipe,
     batch_samples,
@@ -41,23 +46,30 @@ class EmptyEpoch(ValueError):
 
 
 class _Batches:
-    """Batches from one fresh loader, starting a new epoch when one ends."""
+    """Batches from one fresh loader, each with its count of samples, starting a new epoch when one ends.
 
-    def __init__(self, loader: Any) -> None:
+    With `fingerprint`, the first FINGERPRINT_BATCHES batches of the first epoch are fingerprinted; the seconds
+    that takes are kept in `fingerprint_seconds`, so the windows can leave them out."""
+
+    def __init__(self, loader: Any, *, fingerprint: bool = False) -> None:
         self._loader = loader
         self._iterator: Any = None
         self._yielded = 0  # batches from the current epoch
+        self.epochs = 0  # epochs started
         self.pids: list[int] = []
+        self.fingerprints: list[repeats.Fingerprint] | None = [] if fingerprint else None
+        self.fingerprint_seconds = 0.0
 
-    def next(self) -> Any:
+    def next(self) -> tuple[Any, int]:
         while True:
             if self._iterator is None:
                 with quiet_worker_count():
                     self._iterator = iter(self._loader)
                 self._yielded = 0
+                self.epochs += 1
                 self.pids = worker_pids(self._iterator) or self.pids
             try:
-                batch = next(self._iterator)
+                items, batch = next(self._iterator)  # CountingCollate's (items, batch)
             except StopIteration:
                 if self._yielded == 0:
                     raise EmptyEpoch("an epoch of this loader yields no batch") from None
@@ -66,7 +78,16 @@ class _Batches:
                 self._iterator = None
                 continue
             self._yielded += 1
-            return batch
+            self._fingerprint(batch)
+            return batch, batch_samples(batch, items)
+
+    def _fingerprint(self, batch: Any) -> None:
+        found = self.fingerprints
+        if found is None or self.epochs > 1 or len(found) >= repeats.FINGERPRINT_BATCHES:
+            return
+        began = time.perf_counter()
+        found.append(repeats.fingerprint(batch))
+        self.fingerprint_seconds += time.perf_counter() - began
 
     def close(self) -> None:
         if self._iterator is not None:
@@ -105,12 +126,14 @@ class TrialRunner:
         self._target = target
         self._restore = restore
         self._clock = DeviceClock(torch)
+        # The first batches of an IterableDataset's epoch at num_workers=0: what every worker setting must match.
+        self._reference: list[repeats.Fingerprint] = []
 
     def trial(self, settings: LoaderSettings, *, stage: str, mode: str, windows: int,
               window_seconds: float) -> Trial:
         began = time.perf_counter()
         loop = mode == LOOP and self._target is not None
-        batches = _Batches(self._recipe.build(settings))
+        batches = _Batches(self._recipe.build(settings), fingerprint=self._recipe.iterable)
         rates: list[float] = []
         waited_total = timed_total = 0.0
         idle_total = gpu_total = 0.0
@@ -120,9 +143,8 @@ class TrialRunner:
         error: str | None = None
         try:
             start = time.perf_counter()
-            batch = batches.next()
+            batches.next()
             first_seconds = time.perf_counter() - start
-            del batch
             self._drain(batches, settings, window_seconds, loop)
             for _ in range(windows):
                 samples, count, elapsed, waited, idle, gpu = self._window(batches, settings, window_seconds, loop)
@@ -146,7 +168,17 @@ class TrialRunner:
                      wait_fraction=waited_total / timed_total if loop and timed_total else None,
                      gpu_idle_fraction=idle_total / gpu_total if gpu_total else None, worker_memory=memory,
                      batches=timed, seconds=time.perf_counter() - began, timed_seconds=timed_total,
-                     error=error)
+                     error=error, repeats=self._judge(settings, batches.fingerprints))
+
+    def _judge(self, settings: LoaderSettings, fingerprints: list[repeats.Fingerprint] | None) -> float | None:
+        """How many times each batch came against num_workers=0; at 0 workers the batches extend the reference."""
+        if fingerprints is None:
+            return None
+        if settings.num_workers == 0:
+            if len(fingerprints) > len(self._reference):
+                self._reference = fingerprints
+            return None
+        return repeats.repeats(self._reference, fingerprints)
 
     def _drain(self, batches: _Batches, settings: LoaderSettings, seconds: float, loop: bool) -> None:
         """Pull the batches the workers queued while starting, for at most one window's time; in the loop they
@@ -156,7 +188,7 @@ class TrialRunner:
         for _ in range(queued):
             if time.perf_counter() > deadline:
                 return
-            batch = batches.next()
+            batch, _ = batches.next()
             if loop and self._target is not None:
                 self._target.run(batch)
             del batch
@@ -177,12 +209,13 @@ class TrialRunner:
         index = step_device_index(self._torch, target.device) if cuda and target is not None else None
         if loop:
             self._clock.synchronize()
+        hashing = batches.fingerprint_seconds
         start = time.perf_counter()
         while True:
             before = time.perf_counter()
-            batch = batches.next()
+            batch, held = batches.next()
             waited += time.perf_counter() - before
-            samples += batch_samples(batch, self._recipe.batch_size)
+            samples += held
             count += 1
             if loop and target is not None:
                 if move:  # pinned host memory: the copy overlaps the previous step's GPU work
@@ -196,16 +229,17 @@ class TrialRunner:
                 break
         if loop:
             self._clock.synchronize()
-        elapsed = time.perf_counter() - start
+        hashing = batches.fingerprint_seconds - hashing  # spent in next(): neither loading nor waiting for it
+        elapsed = time.perf_counter() - start - hashing
         idle, gpu = _gpu_idle(events)
-        return samples, count, elapsed, waited, idle, gpu
+        return samples, count, elapsed, max(0.0, waited - hashing), idle, gpu
 
-    def step_alone(self, batch: Any, *, windows: int, window_seconds: float) -> StepAlone:
-        """The step on one batch already on its device, repeated: what a loader that costs nothing would give."""
+    def step_alone(self, batch: Any, samples: int, *, windows: int, window_seconds: float) -> StepAlone:
+        """The step on one batch (of `samples` samples) already on its device, repeated: what a loader that costs
+        nothing would give."""
         target = self._target
         assert target is not None
         cached = [to_device(batch, target.device)]  # a list, so the finally below can drop the only reference
-        samples = batch_samples(cached[0], self._recipe.batch_size)
         rates: list[float] = []
         per_step: list[float] = []
         try:
@@ -221,11 +255,20 @@ class TrialRunner:
             self._restore()
         return StepAlone(rates=rates, step_seconds=sorted(per_step)[len(per_step) // 2], device=str(target.device))
 
-    def sample_batch(self, settings: LoaderSettings) -> Any:
-        """One batch from a fresh loader with the given settings (for the step-alone measurement)."""
-        batches = _Batches(self._recipe.build(settings))
+    def sample_batch(self, settings: LoaderSettings, reference_seconds: float = 0.0) -> tuple[Any, int]:
+        """One batch from a fresh loader with the given settings, and its count of samples (for the step-alone
+        measurement). For an IterableDataset at num_workers=0, up to REFERENCE_BATCHES of the epoch's first
+        batches are loaded within `reference_seconds` and kept as the reference the worker settings must match."""
+        batches = _Batches(self._recipe.build(settings), fingerprint=self._recipe.iterable)
         try:
-            return batches.next()
+            first = batches.next()
+            deadline = time.perf_counter() + reference_seconds
+            found = batches.fingerprints
+            while (found is not None and settings.num_workers == 0 and batches.epochs == 1
+                   and len(found) < repeats.REFERENCE_BATCHES and time.perf_counter() < deadline):
+                batches.next()
+            self._judge(settings, found)
+            return first
         finally:
             batches.close()
 

@@ -22,6 +22,9 @@ STEP_EXAMPLE = "train_step"
 # Columns the text table right-aligns: numbers line up on their last digit.
 NUMERIC_HEADINGS = ("samples/s", "windows", "first batch")
 VERDICT_COLOUR = {"input-bound": COLOUR["warn"], "balanced": COLOUR["info"], "compute-bound": COLOUR["ok"]}
+# The fix for an IterableDataset that every worker yields whole: each worker keeps its own share of the items.
+SPLIT_FIX = ("info = torch.utils.data.get_worker_info(); "
+             "items = items if info is None else items[info.id::info.num_workers]")
 
 
 # -- the headline -------------------------------------------------------------------------------------------------
@@ -84,6 +87,9 @@ def measurement_rows(result: DataProbeResult) -> list[tuple[str, str]]:
 def recommendation_rows(result: DataProbeResult) -> list[tuple[str, str]]:
     """The setting to use, its predicted and verified throughput, what it buys, and the line to paste."""
     rows: list[tuple[str, str]] = []
+    duplicated = duplication_text(result)
+    if duplicated is not None:
+        rows.append(("duplicated data", duplicated))
     chosen = result.recommended_settings
     if result.verdict == "compute-bound":
         rows.append(("loader tuning", "will not help: the loader already keeps up with the step, so the step is "
@@ -117,6 +123,21 @@ def recommendation_rows(result: DataProbeResult) -> list[tuple[str, str]]:
     if code is not None:
         rows.append(("code", code))
     return rows
+
+
+def duplication_text(result: DataProbeResult) -> str | None:
+    """What the settings whose workers each yielded the whole IterableDataset did, and the fix; None if none did."""
+    copies: dict[int, float] = {}
+    for trial in result.trials:
+        if trial.duplicates and trial.repeats is not None:
+            copies[trial.settings.num_workers] = max(trial.repeats, copies.get(trial.settings.num_workers, 0.0))
+    if not copies:
+        return None
+    seen = ", ".join(f"{count} workers each batch came {times:.1f} times" for count, times in sorted(copies.items()))
+    return (f"this IterableDataset yields every item once per worker (with {seen}, against num_workers=0): its "
+            "__iter__ does not split the items between workers. Those settings are not recommended and their "
+            "samples/s, duplicated data, are no gain. Fix: in __iter__, keep this worker's share of the items: "
+            f"{SPLIT_FIX}")
 
 
 def footer_rows(result: DataProbeResult) -> list[tuple[str, str]]:
@@ -237,6 +258,8 @@ def trial_rows(result: DataProbeResult) -> list[tuple[str, ...]]:
         marks = [mark for mark, settings in (("current", result.current), ("recommended", result.recommended_settings))
                  if trial.settings == settings]
         note = ("◀ " + ", ".join(marks)) if marks else ""
+        if trial.duplicates and trial.repeats is not None:
+            note = f"{note}  duplicated: each batch {trial.repeats:.1f}x".strip()
         if trial.error:
             note = f"{note}  failed: {trial.error}".strip()
         rows.append((

@@ -6,6 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from jupyter_gpu.dataprobe.repeats import repeated
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.models import Finding, RichResult
 
@@ -45,11 +46,19 @@ class Trial:
     seconds: float = 0.0                    # wall time of the whole trial, start-up and shutdown included
     timed_seconds: float = 0.0              # of which in the timed windows
     error: str | None = None                # why it stopped, when it failed
+    # IterableDataset with workers: how many times each batch came against num_workers=0 (2.0: two workers each
+    # yielded the whole stream; 1.0: they split it); None where not checked or nothing tells.
+    repeats: float | None = None
 
     @property
     def samples_per_second(self) -> float | None:
         """The median window: one slow window (another process, a page-cache miss) does not decide."""
         return statistics.median(self.rates) if self.rates else None
+
+    @property
+    def duplicates(self) -> bool:
+        """Its workers yielded the same data more than once: its samples/s are not a speed of distinct data."""
+        return repeated(self.repeats)
 
     @property
     def spread(self) -> tuple[float, float] | None:

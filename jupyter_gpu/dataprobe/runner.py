@@ -56,8 +56,12 @@ PLANNED_SHARE = 0.8
 SKIP_SECOND_STAGE_AFTER = 0.75
 SKIP_RECHECK_AFTER = 0.95
 SKIP_VERIFY_AFTER = 1.15
+# Of the budget, what loading an IterableDataset's first batches at num_workers=0 may take: the reference its
+# worker settings are checked against (the same data, not every item once per worker).
+REFERENCE_SHARE = 0.05
 
 Progress = Callable[[str], None]
+DUPLICATES = "this IterableDataset yields every item once per worker (more workers only repeat it)"
 
 
 class DataProbeError(RuntimeError):
@@ -220,9 +224,10 @@ class _Probe:
             raise DataProbeError(f"`{self.loader_name}` fails at its own settings ({self.baseline_settings.label()})"
                                  f": {self.loader_alone.error}")
         if self.target is not None:
-            self._step_and_loop(sample)
+            self._step_and_loop(*sample)
             del sample
-            if self._verdict() == "compute-bound":
+            # A setting whose workers duplicate the data is not kept, however well it keeps up: sweep instead.
+            if self._verdict() == "compute-bound" and not self._current_duplicates():
                 self.notes.append("The step is the bottleneck, not the loader: the sweep was not run. Time the "
                                   "step with %%gputime to see where its time goes, and measure what AMP, TF32, "
                                   "channels_last, fused optimizers and torch.compile buy on it with %speedprobe "
@@ -235,18 +240,18 @@ class _Probe:
             del sample
         self._sweep(first)
 
-    def _prepare(self) -> tuple[Any, list[LoaderSettings]]:
+    def _current_duplicates(self) -> bool:
+        return any(trial.duplicates for trial in (self.loader_alone, self.together) if trial is not None)
+
+    def _prepare(self) -> tuple[tuple[Any, int], list[LoaderSettings]]:
         """One batch loaded in the kernel's process, the sweep planned, and the pitfalls judged on both, before
         any worker starts."""
         self.progress(f"dataprobe: loading one batch in the kernel's process (no workers yet){self._clock()}")
         try:
-            sample = self.runner.sample_batch(LoaderSettings(0))
+            sample = self.runner.sample_batch(LoaderSettings(0), REFERENCE_SHARE * self.request.seconds)
         except Exception as exc:
             raise DataProbeError(f"`{self.loader_name}` fails to load a batch in the kernel's own process: "
                                  f"{type(exc).__name__}: {exc}") from None
-        if self.recipe.iterable:
-            self.notes.append("An IterableDataset yields its items once per worker unless it splits them with "
-                              "torch.utils.data.get_worker_info(): samples/s count every batch the workers yielded.")
         counts = self.request.workers or tuple(decide.worker_counts(self.cpus, self.current.num_workers))
         over = [count for count in counts if count > self.cpus]
         if over:
@@ -255,9 +260,9 @@ class _Probe:
         first = decide.first_stage(counts, pin_memory=self.gpu)
         planned = [*first, self.current,
                    *decide.second_stage([max(first, key=lambda s: s.num_workers)], gpu=self.gpu)]
-        self.measured_batch_bytes = batch_bytes(sample)
+        self.measured_batch_bytes = batch_bytes(sample[0])
         self.pitfalls = check_pitfalls(self.loader, self.loader_name, planned, ctx=self.context,
-                                       batch_bytes=self.measured_batch_bytes, batch_cuda=batch_cuda_device(sample))
+                                       batch_bytes=self.measured_batch_bytes, batch_cuda=batch_cuda_device(sample[0]))
         current = self._runnable(self.current, self.measured_batch_bytes)
         if current is None:
             self.notes.append(f"Your setting ({self.current.label()}) cannot start its workers (see the pitfalls "
@@ -268,13 +273,13 @@ class _Probe:
                              + RECHECK_WINDOWS * 2 + VERIFY_WINDOWS)
         return sample, first
 
-    def _step_and_loop(self, sample: Any) -> None:
+    def _step_and_loop(self, batch: Any, samples: int) -> None:
         """The step alone on the cached batch, then the loop at the user's settings."""
         text = "dataprobe: the step alone on one cached batch"
         self.progress(text + self._clock())
         self.ticker.resume(text)
         try:
-            self.step_alone = self.runner.step_alone(sample, windows=BASELINE_WINDOWS,
+            self.step_alone = self.runner.step_alone(batch, samples, windows=BASELINE_WINDOWS,
                                                      window_seconds=self._window_seconds(1))
         finally:
             self.ticker.pause()
@@ -292,9 +297,12 @@ class _Probe:
             trial = self._current_trial() if settings == self.baseline_settings else None
             if trial is None:
                 trial = self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
-            if trial is not None and trial.samples_per_second is not None:
-                measured.append((settings.num_workers, trial.samples_per_second, trial.wait_fraction))
-            reason = decide.stop_adding_workers(measured, ceiling)
+            if trial is not None and trial.duplicates:
+                reason = f"{settings.num_workers} workers yielded every batch {trial.repeats:.1f} times: {DUPLICATES}"
+            else:
+                if trial is not None and trial.samples_per_second is not None:
+                    measured.append((settings.num_workers, trial.samples_per_second, trial.wait_fraction))
+                reason = decide.stop_adding_workers(measured, ceiling)
             if reason is not None and index + 1 < len(first):
                 counts = ", ".join(str(later.num_workers) for later in first[index + 1:])
                 self.skipped.append(f"{counts} workers: {reason}")
@@ -401,6 +409,21 @@ class _Probe:
         self.trials.append(trial)
         return trial
 
+    def _iterable_notes(self) -> list[str]:
+        """What the check of an IterableDataset's workers found, where the trials do not say it already."""
+        if not self.recipe.iterable or any(trial.duplicates for trial in self.trials):
+            return []  # duplicates: the report says so, with the fix, next to the recommendation
+        checked = sorted({trial.settings.num_workers for trial in self.trials
+                          if trial.repeats is not None and trial.settings.num_workers >= 2})
+        if checked:
+            return [f"Checked for an IterableDataset: with {', '.join(map(str, checked))} workers no batch came "
+                    "more often than with num_workers=0 (the workers do not each yield the whole stream, or they "
+                    "randomise every part of it)."]
+        return ["An IterableDataset yields its items once per worker unless it splits them with "
+                "torch.utils.data.get_worker_info(); no setting with two or more workers could be checked for that "
+                "here (none ran, or its batches are alike at num_workers=0), so its samples/s count every batch "
+                "the workers yielded."]
+
     def _clock(self) -> str:
         return f" · {format_seconds(self.elapsed)} of {format_seconds(self.request.seconds)}"
 
@@ -428,7 +451,9 @@ class _Probe:
         settings = rate = best = None
         if self.recommendation is not None:
             settings, rate, best = self.recommendation
-        speedup = self.verified / current_rate if self.verified and current_rate else None
+        # A current setting whose workers duplicate the data counts each batch once per worker: no baseline.
+        duplicated = current_trial is not None and current_trial.duplicates
+        speedup = self.verified / current_rate if self.verified and current_rate and not duplicated else None
         step_rate = self.step_alone.samples_per_second if self.step_alone is not None else None
         together_rate = self.together.samples_per_second if self.together is not None else None
         return DataProbeResult(
@@ -441,6 +466,6 @@ class _Probe:
             trials=list(self.trials), recommended=settings.kwargs() if settings is not None else None,
             recommended_settings=settings, predicted=rate, verified=self.verified, best=best, speedup=speedup,
             pitfalls=list(self.pitfalls.findings) if self.pitfalls is not None else [],
-            skipped=list(self.skipped), notes=list(self.notes), restored=restored,
+            skipped=list(self.skipped), notes=[*self._iterable_notes(), *self.notes], restored=restored,
             budget_seconds=self.request.seconds, seconds=self.elapsed, interrupted=self.interrupted)
 
