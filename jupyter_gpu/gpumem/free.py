@@ -13,6 +13,7 @@ from typing import Any
 
 from jupyter_gpu.batchprobe.release import release_last_error
 from jupyter_gpu.gpumem.allocator import cuda_indices, levels
+from jupyter_gpu.gpumem.caches import is_lru_cache
 from jupyter_gpu.gpumem.result import KIND_RANK, DeviceLevel, FreeReport, StillHeld
 from jupyter_gpu.gpumem.roots import OUTPUT, TRACEBACK, USER, forget_outputs
 from jupyter_gpu.gpumem.runner import GpuMemError, walk_notebook
@@ -86,6 +87,7 @@ def free_names(torch: Any, names: list[str], namespace: MutableMapping[str, Any]
     cached = {holder for key in targets for holder, kind in before_walk.storages[key].holders.items()
               if _is_output(holder, kind)}
     released = list(names)
+    cached_functions = [name for name in names if is_lru_cache(type(namespace[name]))]
     for name in names:
         del namespace[name]
     released += forget_outputs(namespace, shell, only=cached)
@@ -93,6 +95,7 @@ def free_names(torch: Any, names: list[str], namespace: MutableMapping[str, Any]
     next_time = [f"%xdel {shown}" if cached else f"del {shown}"]
     if cached:
         next_time.append(SEMICOLON)
+    next_time += [f"{name}.cache_clear() empties its lru_cache and keeps the function" for name in cached_functions]
     return _finish(torch, shown, namespace, shell, before_walk, before, released,
                    lambda holder, kind: named(holder, kind) or holder in cached, next_time=next_time)
 

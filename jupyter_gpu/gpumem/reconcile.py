@@ -20,7 +20,8 @@ FRAGMENTED_SHARE = 0.25
 FRAGMENTED_BYTES = 64 * MIB
 
 UNREACHABLE_CUDA = "not reachable from Python (autograd buffers, C++ caches)"
-UNREACHED = "tensors Python holds outside the notebook's names (library objects, or deeper than the walk looks)"
+UNREACHED = ("tensors Python holds outside the notebook's names (in objects the walk does not enter, such as "
+             "classes' attributes and libraries' internals, or deeper than it looks)")
 CACHE = "the allocator's cache (reserved by PyTorch, not allocated to any tensor)"
 FRAGMENTATION = "of which fragmentation (inactive split blocks, which empty_cache() cannot return)"
 CONTEXT = "CUDA context and libraries outside PyTorch (cuBLAS/cuDNN workspaces, NCCL, other CUDA code)"

@@ -73,6 +73,19 @@ class Remainder:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Release:
+    """A line that empties a holder the map named without deleting the variable: an lru_cache'd function's cache."""
+
+    line: str                      # what to type: "class_prototype.cache_clear()"
+    holder: str                    # what it empties, in words: "the lru_cache of class_prototype"
+    bytes: int                     # the storages named under the holder (another name may keep some alive)
+    keeps: str = ""                # what stays: "the function stays"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True, repr=False)
 class MemoryMap(RichResult):
     renderer: ClassVar[str] = "jupyter_gpu.gpumem.render"
@@ -80,6 +93,7 @@ class MemoryMap(RichResult):
     entries: tuple[MemoryEntry, ...]         # largest first
     devices: tuple[DeviceTotals, ...]        # the devices explained, CUDA first
     remainders: tuple[Remainder, ...] = ()
+    releases: tuple[Release, ...] = ()       # lines that empty a named holder and keep it (`f.cache_clear()`)
     notes: tuple[str, ...] = ()              # walk limits reached, attributes that raised, CUDA not initialised
     top: int = 20                            # how many rows the report shows (the rest are summed)
     objects_visited: int = 0
@@ -110,6 +124,7 @@ class MemoryMap(RichResult):
             "devices": [totals.to_dict() for totals in self.devices],
             "coverage": self.coverage,
             "remainders": [remainder.to_dict() for remainder in self.remainders],
+            "releases": [release.to_dict() for release in self.releases],
             "notes": list(self.notes), "top": self.top, "objects_visited": self.objects_visited,
             "seconds": self.seconds,
         }

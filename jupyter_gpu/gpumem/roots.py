@@ -1,5 +1,6 @@
-"""Where a notebook's memory can be held from: the user's variables, IPython's output cache (the hidden `_` that
-`%reset out` misses included) and the frames the last error keeps, each with the name a user would type.
+"""Where a notebook's memory can be held from: the user's variables, the globals of the modules they imported from
+their own folders, IPython's output cache (the hidden `_` that `%reset out` misses included) and the frames the last
+error keeps, each with the name a user would type.
 
 Probe ring: it reads the shell's namespaces and the last exception, and changes nothing. The roots hold strong
 references only while one walk runs; the caller drops them with the walk.
@@ -7,7 +8,12 @@ references only while one walk runs; the caller drops them with the walk.
 
 from __future__ import annotations
 
+import os
 import re
+import site
+import sys
+import sysconfig
+import types
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +30,11 @@ _OUTPUT_NUMBER = re.compile(r"_\d+")
 _INPUT_HISTORY = re.compile(r"_i+\d*|_ih|_dh|_sh|In|exit|quit|get_ipython")
 # Values that hold no tensors: not worth a root (a notebook has many).
 _SCALARS = (str, bytes, int, float, complex, bool, type(None))
+# Packages whose objects hold the notebook itself (the shell, its kernel, its event loop): walking them would walk
+# the namespace again under another name and a large configuration graph with it. Neither their objects nor their
+# modules' globals are walked.
+FOREIGN_PACKAGES = ("IPython", "ipykernel", "traitlets", "zmq", "tornado", "asyncio", "jupyter_client",
+                    "ipywidgets", "comm", "jupyter_gpu")
 
 
 @dataclass
@@ -42,10 +53,11 @@ def notebook_roots(namespace: Mapping[str, Any], shell: Any | None) -> list[Root
     """The roots in walk order, one per distinct object, its other names kept as aliases.
 
     Order: models first, then optimizers (so parameters are named `model.fc.weight` and optimizer state through
-    them), then the other user variables, the output cache, and the last error's frames.
+    them), then the other user variables and the globals of the user's own modules, the output cache, and the last
+    error's frames.
     """
     hidden: Mapping[str, Any] = getattr(shell, "user_ns_hidden", None) or {}
-    roots = sorted(user_roots(namespace, hidden), key=_user_order)
+    roots = sorted([*user_roots(namespace, hidden), *module_roots(namespace)], key=_user_order)
     roots += output_roots(namespace, shell)
     roots += traceback_roots(shell)
     return merge_aliases(roots)
@@ -57,6 +69,55 @@ def user_roots(namespace: Mapping[str, Any], hidden: Mapping[str, Any]) -> Itera
         if not isinstance(name, str) or isinstance(value, _SCALARS) or _is_ipython_name(name, value, hidden):
             continue
         yield Root(name, USER, value, name=name)
+
+
+def module_roots(namespace: Mapping[str, Any]) -> list[Root]:
+    """The globals of every module imported from outside the interpreter's and site-packages' folders (the user's
+    own `featstore.py` next to the notebook), each a root named `featstore.CACHE`.
+
+    Libraries are left out: their globals are not the notebook's to explain, and walking all of them would cost
+    each call. A module without a file (built in, frozen, a namespace package) is a library's too.
+    """
+    found: list[Root] = []
+    library_folders = _library_folders()
+    for name, module in list(sys.modules.items()):
+        state = _own_module_globals(name, module, namespace, library_folders)
+        for attribute, value in list(state.items()):
+            if (isinstance(attribute, str) and not attribute.startswith("__")
+                    and not isinstance(value, _SCALARS + _NOT_HOLDERS)):
+                found.append(Root(f"{name}.{attribute}", USER, value))
+    return found
+
+
+# A module's globals that hold no tensor the walk would look into: imported modules and classes.
+_NOT_HOLDERS = (types.ModuleType, type)
+
+
+def _own_module_globals(name: str, module: Any, namespace: Mapping[str, Any],
+                        library_folders: tuple[str, ...]) -> Mapping[str, Any]:
+    """The module's globals when it is one of the user's own, else {}."""
+    # type(), not isinstance(): isinstance reads `__class__`, which some lazy module proxies warn about.
+    if not issubclass(type(module), types.ModuleType) or name == "__main__" \
+            or name.split(".", 1)[0] in FOREIGN_PACKAGES:
+        return {}
+    state = module.__dict__
+    path = state.get("__file__")
+    if state is namespace or not isinstance(path, str):
+        return {}
+    if not os.path.isabs(path):
+        path = os.path.abspath(path)  # rare (a module imported through a relative sys.path entry): not paid per call
+    return {} if path.startswith(library_folders) else state
+
+
+def _library_folders() -> tuple[str, ...]:
+    """The interpreter's folders (its prefixes, the standard library) and every site-packages, each ending in a
+    separator so that `/opt/py` does not cover `/opt/python-notes`."""
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages(),
+               *site.getsitepackages(), *(sysconfig.get_paths().get(key, "") for key in
+                                          ("stdlib", "platstdlib", "purelib", "platlib"))}
+    folders |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
+    # A prefix of "/" (an interpreter installed at the root) would cover every folder, the user's too.
+    return tuple(os.path.join(folder, "") for folder in folders if folder and os.path.dirname(folder) != folder)
 
 
 def _is_ipython_name(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 from jupyter_gpu.gpumem.allocator import device_totals
 from jupyter_gpu.gpumem.collector import collector_paused
 from jupyter_gpu.gpumem.reconcile import remainders
-from jupyter_gpu.gpumem.result import DeviceTotals, MemoryMap
+from jupyter_gpu.gpumem.result import DeviceTotals, MemoryMap, Release
 from jupyter_gpu.gpumem.roots import notebook_roots
 from jupyter_gpu.gpumem.walk import Limits, NotebookWalk
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
@@ -58,8 +58,25 @@ def map_memory(namespace: Mapping[str, Any], shell: Any | None = None, *, device
     entries = tuple(entry for entry in walk.entries() if entry.device in chosen)
     shown = tuple(t for t in totals if t.device in chosen)
     found = tuple(remainder for t in shown for remainder in remainders(t))
-    return MemoryMap(entries=entries, devices=shown, remainders=found, notes=tuple(notes + walk.notes), top=top,
-                     objects_visited=walk.visits, seconds=time.perf_counter() - started)
+    return MemoryMap(entries=entries, devices=shown, remainders=found, releases=cache_releases(walk, chosen),
+                     notes=tuple(notes + walk.notes), top=top, objects_visited=walk.visits,
+                     seconds=time.perf_counter() - started)
+
+
+def cache_releases(walk: NotebookWalk, devices: set[str]) -> tuple[Release, ...]:
+    """`f.cache_clear()` for each lru_cache'd function whose cache holds storages on `devices`, largest first.
+
+    Only for a function the user can name (`featstore.embed`, not one reached through a closure or a traceback)."""
+    found: list[Release] = []
+    for path in walk.lru_caches:
+        if " " in path or "<" in path:
+            continue
+        prefix = f"{path}.cache["
+        size = sum(record.bytes for record in walk.storages.values() if record.device in devices and any(
+            name.startswith(prefix) for name in (*record.names, *(named for named, _ in record.path_of.values()))))
+        if size:
+            found.append(Release(f"{path}.cache_clear()", f"the lru_cache of {path}", size, "the function stays"))
+    return tuple(sorted(found, key=lambda release: -release.bytes))
 
 
 def _chosen_devices(torch: Any, totals: list[DeviceTotals], device: str | None) -> tuple[set[str], list[str]]:

@@ -2,9 +2,10 @@
 
 Probe ring: it reads objects and never calls their code. Attributes are read from `__dict__` and slots, never
 through `getattr` on the object (a property or a failing `__getattr__` does not run), containers are read item by
-item, functions only through their closure cells and defaults. Each storage is counted once however many tensors
-(views) and names reach it; the walk keeps no reference to anything it found once it returns: the records hold
-names, sizes and data pointers only.
+item, functions only through their closure cells and defaults, an `lru_cache`'d function through the references the
+garbage collector follows (`gpumem/caches.py`), a NumPy array through numpy's own `base` getter. Each storage is
+counted once however many tensors (views) and names reach it; the walk keeps no reference to anything it found once
+it returns: the records hold names, sizes and data pointers only.
 
 Bounded: at most `Limits.depth` steps below a root, `Limits.items` items per container and `Limits.visits` objects
 in all; every cut is reported in `notes` so a short count is never silent.
@@ -15,21 +16,19 @@ from __future__ import annotations
 import functools
 import itertools
 import re
+import sys
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpu.gpumem.caches import LRU_CACHE_TYPE, cache_entries
 from jupyter_gpu.gpumem.graph import GraphTooLarge, saved_tensors
 from jupyter_gpu.gpumem.result import KIND_RANK, MAX_NAMES, MemoryEntry
-from jupyter_gpu.gpumem.roots import Root
+from jupyter_gpu.gpumem.roots import FOREIGN_PACKAGES, Root
 
 PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE, GRAPH = (
     "parameter", "buffer", "gradient", "optimizer state", "autograd graph")
-# Packages whose objects hold the notebook itself (the shell, its kernel, its event loop): walking them would walk
-# the namespace again under another name and a large configuration graph with it.
-_FOREIGN_PACKAGES = ("IPython", "ipykernel", "traitlets", "zmq", "tornado", "asyncio", "jupyter_client",
-                     "ipywidgets", "comm", "jupyter_gpu")
 _OPAQUE = (str, bytes, bytearray, int, float, complex, bool, type(None), type, range, memoryview, types.ModuleType,
            types.BuiltinFunctionType, types.BuiltinMethodType, types.CodeType, types.FrameType)
 # Module attributes the walk reads through named_parameters / named_buffers / named_modules instead.
@@ -111,9 +110,12 @@ class NotebookWalk:
         self._tensor = torch.Tensor
         self._module = torch.nn.Module
         self._optimizer = torch.optim.Optimizer
+        # NumPy is loaded by the time an array exists; without it there is no array to look into.
+        self._ndarray: type | None = getattr(sys.modules.get("numpy"), "ndarray", None)
         self.storages: dict[tuple[str, int], StorageRecord] = {}
         self.visits = 0
         self.notes: list[str] = []
+        self.lru_caches: list[str] = []  # paths of the lru_cache'd functions walked: `f.cache_clear()` empties them
         self._visited: dict[int, str] = {}  # id of each object looked into -> the path it was first reached by
         self._late_roots: list[tuple[str, _Origin]] = []  # roots an earlier root's walk had already looked into
         self._param_paths: dict[int, str] = {}
@@ -198,9 +200,44 @@ class NotebookWalk:
         if item_type is types.GeneratorType:
             frame = item.gi_frame  # None once the generator finished
             return [] if frame is None else [(v, f"{path}.<frame>.{name}") for name, v in frame.f_locals.items()]
-        if item_type.__module__.split(".", 1)[0] in _FOREIGN_PACKAGES:
+        if item_type is LRU_CACHE_TYPE:  # None without CPython's C wrapper: the walk reads the Python one's closure
+            return self._lru_cache_found(item, item_type, path)
+        if self._ndarray is not None and issubclass(item_type, self._ndarray):
+            return self._array_found(item, item_type, path, self._ndarray)
+        if item_type.__module__.split(".", 1)[0] in FOREIGN_PACKAGES:
             return []
         return self._attributes(item, item_type, path)
+
+    def _lru_cache_found(self, wrapper: Any, item_type: type, path: str) -> list[tuple[Any, str]]:
+        """Each cached call's result as `f.cache[3]`, what its key holds as `f.cache[(<Tensor>,)].<key>`, then the
+        wrapper's attributes (`__wrapped__`, the function, with its closure)."""
+        children: list[tuple[Any, str]] = []
+        entries, size = cache_entries(wrapper, self.limits.items)
+        if size > self.limits.items:
+            self._long.append(f"{path}'s lru_cache ({size:,} items)")
+        for text, key, result in entries:
+            entry = f"{path}.cache[{text}]"
+            children.append((result, entry))
+            if type(key) is tuple:
+                children.append((key, f"{entry}.<key>"))
+        if children:
+            self.lru_caches.append(path)
+        return children + self._attributes(wrapper, item_type, path)
+
+    def _array_found(self, array: Any, item_type: type, path: str, ndarray: type) -> list[tuple[Any, str]]:
+        """The tensor a NumPy array shares its memory with (`tensor.numpy()` sets the array's `base` to it), named
+        `embeddings (NumPy array)`; the tensor itself may be gone from every name."""
+        read_base = ndarray.__dict__["base"].__get__  # numpy's own getter: no subclass's property runs
+        base = read_base(array)
+        while base is not None and issubclass(type(base), ndarray):
+            base = read_base(base)  # a view of a view
+        children: list[tuple[Any, str]] = []
+        if base is not None:
+            label = f"{path} (NumPy array)" if issubclass(type(base), self._tensor) else f"{path}.base"
+            children.append((base, label))
+        if item_type is not ndarray:  # a subclass (a memmap, a masked array) keeps more in its attributes
+            children += self._attributes(array, item_type, path)
+        return children
 
     def _items(self, items: Iterable[Any], size: int, path: str) -> list[Any]:
         if size > self.limits.items:
