@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import platform
 import statistics
@@ -98,7 +97,7 @@ from typing import Any
 
 import torch
 import torch.utils.benchmark as benchmark
-from models import ResNet
+from models import MLP, EncoderClassifier, ResNet
 from tables import print_table
 from torch import nn
 
@@ -118,32 +117,6 @@ RECOMPILE_LIMIT = 64
 
 
 # -- the models -------------------------------------------------------------------------------------------------
-
-
-class EncoderClassifier(nn.Module):
-    def __init__(self, vocabulary: int = 1000, sequence: int = 32, width: int = 128, classes: int = 2) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocabulary, width)
-        self.position = nn.Parameter(torch.randn(1, sequence, width) * 0.02)
-        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=512, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(self.embed(tokens) + self.position).mean(dim=1))
-
-
-class MLP(nn.Module):
-    """Linear+ReLU layers and a last Linear: the AMP recipe's make_model, as a class (see the module docstring)."""
-
-    def __init__(self, sizes: tuple[int, ...]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers[:-1]:
-            x = torch.relu(layer(x))
-        return self.layers[-1](x)
 
 
 @dataclass(frozen=True)

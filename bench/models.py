@@ -1,7 +1,10 @@
-"""The ResNet-style CNN the benches train (basic residual blocks with BatchNorm), defined once: random weights,
-nothing downloaded. Run a bench as `python bench/bench_x.py`, which puts this folder on sys.path."""
+"""The models the benches train, defined once: the ResNet-style CNN (basic residual blocks with BatchNorm), the
+transformer encoder classifier and the AMP recipe's MLP; random weights, nothing downloaded. Run a bench as
+`python bench/bench_x.py`, which puts this folder on sys.path; tests/speedprobe loads this file by its path."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import nn
@@ -46,3 +49,35 @@ class ResNet(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.fc(self.pool(self.blocks(self.stem(images))).flatten(1))
+
+
+class EncoderClassifier(nn.Module):
+    """Token embeddings with learned positions, an `nn.TransformerEncoder` (dropout 0.1), the mean over the sequence,
+    a Linear to the classes."""
+
+    def __init__(self, vocabulary: int = 1000, sequence: int = 32, width: int = 128, classes: int = 2,
+                 heads: int = 4, feedforward: int = 512, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.position = nn.Parameter(torch.randn(1, sequence, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, nhead=heads, dim_feedforward=feedforward, dropout=0.1,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens) + self.position).mean(dim=1))
+
+
+class MLP(nn.Module):
+    """Linear+ReLU layers and a last Linear: the AMP recipe's make_model, as a class (on torch 2.13 `model.compile()`
+    leaves a bare `nn.Sequential` uncompiled; see bench/bench_speedprobe.py)."""
+
+    def __init__(self, sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = torch.relu(layer(x))
+        return self.layers[-1](x)

@@ -60,6 +60,7 @@ class CodeContext:
     optimizer_class: str = "torch.optim.AdamW"
     fused: bool = True                       # the optimizer takes fused=True (else foreach=True is what helped)
     conv_tf32_line: str | None = None        # turns TF32 on for cuDNN convolutions, where it is off (on by default)
+    unscale_before_clipping: bool = False    # the step clips gradients: with a GradScaler, unscale them first
 
 
 def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
@@ -94,7 +95,11 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
         lines += [f'scaler = torch.amp.GradScaler("{device}")  # once, before training',
                   f'with torch.autocast("{device}", dtype=torch.float16):  # in the step',
                   f"    loss = loss_fn({context.model}(x), y)",
-                  "scaler.scale(loss).backward()",
-                  f"scaler.step({context.optimizer})",
+                  "scaler.scale(loss).backward()"]
+        if context.unscale_before_clipping:
+            lines += [f"scaler.unscale_({context.optimizer})  # before clipping: clip the real gradients, not the "
+                      "scaled ones",
+                      "# ... your gradient clipping, unchanged ..."]
+        lines += [f"scaler.step({context.optimizer})",
                   "scaler.update()"]
     return lines

@@ -1,6 +1,7 @@
 """Run the user's step under one configuration, the way `%%gputime` times: synchronised, warm-up (and
 compilation) apart, at least five timed steps; and record what the agreement check needs: the first step's
-parameter update, the loss of every step, NaN/inf and the GradScaler's fate.
+parameter update, the loss of every step, NaN/inf and the GradScaler's fate; and, on the counted step, the number
+formats the step's matrix multiplications and convolutions really ran in (its own autocast shows there).
 
 Every configuration starts from the same state (the runner restores its StateSnapshot first), so every one sees
 the same weights and, with the random generators restored, the same batch.
@@ -8,6 +9,7 @@ the same weights and, with the random generators restored, the same batch.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -16,6 +18,7 @@ from typing import Any
 
 from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.gputime.opcount import OpCounter
+from jupyter_gpu.kernel_torch import handler_mode
 from jupyter_gpu.speedprobe import variants
 from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
 from jupyter_gpu.speedprobe.variants import StepSetting
@@ -29,6 +32,13 @@ MAX_CALLS = 2000
 # shapes); both are warm-up, reported as compile time.
 COMPILE_WARMUP_STEPS = 2
 FIRST_STEP_WARMUP = 1
+# The operators autocast lowers to bf16/fp16 (matrix products, convolutions, attention), as ATen names them below
+# autograd and autocast: what a step computes in. Elementwise and reduction operators follow their inputs.
+_COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "matmul", "linear",
+                          "_addmm_activation", "convolution", "_convolution", "conv1d", "conv2d", "conv3d",
+                          "mkldnn_convolution", "cudnn_convolution", "miopen_convolution", "convolution_overrideable",
+                          "_mkldnn_rnn_layer", "mkldnn_rnn_layer", "_cudnn_rnn", "miopen_rnn"})
+_COMPUTE_PREFIXES = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
 
 Progress = Callable[[str], None]
 
@@ -50,9 +60,19 @@ class Run:
     cuda_peak_bytes: int | None = None
     batch_size: int | None = None
     scaling: variants.Fp16Scaling | None = None
+    first_step_skipped: bool = False  # the GradScaler skipped the first step (its scale overflowed): no update
+    compute_dtypes: dict[str, int] = field(default_factory=dict)  # counted step: compute operators by input dtype
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     loss_note: str | None = None
+
+
+@dataclass
+class RoundedRun:
+    """The baseline's steps from the weights rounded to a format: its first update and its losses."""
+
+    update: list[Any] | None
+    losses: list[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -70,10 +90,12 @@ class StepRunner:
                  progress: Progress | None = None) -> StepRunner:
         return cls(step, setting, params, [param.detach().to("cpu", copy=True) for param in params], progress)
 
-    def run(self, names: tuple[str, ...], steps: int, label: str, want_batch_size: bool = False,
-            extra_warmup: int = 0, same_random_numbers: bool = False) -> Run:
+    def run(self, names: tuple[str, ...], steps: int, label: str, inspect_step: bool = False,
+            extra_warmup: int = 0, same_random_numbers: bool = False, fp16_init_scale: float | None = None) -> Run:
         """Apply `names`, call the step `max(steps, warm-up + 1 + 5)` times and for at least MIN_TIMED_SECONDS
-        of timed steps, undo. The caller restores state."""
+        of timed steps, undo; `inspect_step`: on the counted step, also read the batch size and the formats the
+        step's matrix products ran in; `fp16_init_scale`: where amp-fp16's GradScaler starts (its default, 65536,
+        when None). The caller restores state."""
         torch = self.setting.torch
         compiled = any(name.startswith("compile") for name in names)
         warmup = (COMPILE_WARMUP_STEPS if compiled else FIRST_STEP_WARMUP) + extra_warmup
@@ -82,7 +104,8 @@ class StepRunner:
         memory = CudaMemoryWatch(torch)
         graphs_before = variants.compiled_graphs(torch) if compiled else 0
         with ExitStack() as stack:
-            applied = variants.apply(names, self.setting, stack, same_random_numbers=same_random_numbers)
+            applied = variants.apply(names, self.setting, stack, same_random_numbers=same_random_numbers,
+                                     fp16_init_scale=fp16_init_scale)
             record.scaling = applied.fp16
             record.notes = applied.notes
             clock = DeviceClock(torch)
@@ -93,7 +116,7 @@ class StepRunner:
                 counted = index == warmup
                 try:
                     seconds, value = self._one_step(applied, clock, counted, record,
-                                                    want_batch_size and counted)
+                                                    inspect_step and counted)
                 except StepRaised as raised:
                     record.error = str(raised)
                     break
@@ -104,6 +127,7 @@ class StepRunner:
                 record.losses.append(self._loss_value(value, record))
                 if index == 0:
                     record.update = self._update()
+                    record.first_step_skipped = bool(applied.fp16 is not None and applied.fp16.skipped_steps)
                 index += 1
         if compiled and record.error is None and variants.compiled_graphs(torch) == graphs_before:
             record.error = ("torch.compile compiled no graph of this model (Dynamo skipped its forward), so the "
@@ -112,21 +136,23 @@ class StepRunner:
         return record
 
     def _one_step(self, applied: variants.Applied, clock: DeviceClock, counted: bool, record: Run,
-                  want_batch_size: bool) -> tuple[float, Any]:
+                  inspect_step: bool) -> tuple[float, Any]:
         box: dict[str, Any] = {}
 
         def call() -> None:
             box["value"] = applied.call(self.step)
 
-        hooks = self._batch_size_hooks(record) if want_batch_size else []
+        hooks = self._batch_size_hooks(record) if inspect_step else []
         try:
             if counted:
                 counter = OpCounter(self.setting.torch)
-                with counter:
+                dtypes = ComputeDtypes(self.setting.torch)
+                with counter, dtypes if inspect_step else contextlib.nullcontext():
                     seconds, _ = clock.time(call)
                 counts = counter.result()
                 record.ops = dict(counts.by_device)
                 record.cpu_peak_bytes = counts.cpu_peak_bytes
+                record.compute_dtypes = dict(dtypes.seen)
             else:
                 seconds, _ = clock.time(call)
         except KeyboardInterrupt:
@@ -181,10 +207,10 @@ class StepRunner:
 
     # -- sensitivity ------------------------------------------------------------------------------------------------
 
-    def rounded_update(self, format_name: str) -> list[Any] | None:
-        """The baseline's first update after rounding the weights to `format_name` (float32: one unit in the
-        last place, at random): how much that format's precision alone moves this step's update.
-        The caller restores the state afterwards."""
+    def rounded_run(self, format_name: str, steps: int) -> RoundedRun:
+        """`steps` baseline steps after rounding the weights to `format_name` (float32: one unit in the last place, at
+        random): how much that format's precision alone moves this step's first update, and how far the loss then
+        drifts as training carries the difference on. The caller restores the state afterwards."""
         torch = self.setting.torch
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -195,11 +221,42 @@ class StepRunner:
         rounded_before = [param.detach().to("cpu", copy=True).float() for param in self.params]
         clock = DeviceClock(torch)
         applied = variants.Applied(self.setting, (), ExitStack())
-        try:
-            self._one_step(applied, clock, False, Run(), False)
-        except StepRaised:
-            return None
-        return self._update(rounded_before)
+        record = Run()
+        for index in range(steps):
+            try:
+                _, value = self._one_step(applied, clock, False, record, False)
+            except StepRaised:
+                return RoundedRun(record.update, record.losses)
+            record.losses.append(self._loss_value(value, record))
+            if index == 0:
+                record.update = self._update(rounded_before)
+        return RoundedRun(record.update, record.losses)
+
+
+class ComputeDtypes:
+    """Counts, during one step, the dtype of the first floating input of each matrix product, convolution and
+    attention operator: what the step really computes in, after its own autocast (if any) chose."""
+
+    def __init__(self, torch: Any) -> None:
+        self._tensor_type = torch.Tensor
+        self._mode = handler_mode(self._record)
+        self.seen: dict[str, int] = {}
+
+    def __enter__(self) -> ComputeDtypes:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._mode.__exit__(*exc_info)
+
+    def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        name = func.overloadpacket.__name__
+        if name in _COMPUTE_OPS or name.startswith(_COMPUTE_PREFIXES):
+            dtype = next((str(value.dtype) for value in (*args, *kwargs.values())
+                          if isinstance(value, self._tensor_type) and value.is_floating_point()), None)
+            if dtype is not None:
+                self.seen[dtype] = self.seen.get(dtype, 0) + 1
+        return func(*args, **kwargs)
 
 
 def _rounded(torch: Any, tensor: Any, format_name: str, generator: Any) -> Any:
@@ -215,6 +272,17 @@ def _rounded(torch: Any, tensor: Any, format_name: str, generator: Any) -> Any:
         noise = torch.rand(tensor.shape, generator=generator) * 2 - 1
         return (tensor.float() * (1 + noise * 2.0 ** -24)).to(tensor.dtype)
     raise ValueError(format_name)
+
+
+def update_scale(update: list[Any] | None, reference: list[Any] | None) -> float | None:
+    """The update's size along the reference's direction, <update, reference> / ||reference||^2 (1 when equal, 0 for
+    no update, 65536 for one made of gradients still scaled), in float64; None as for `relative_difference`."""
+    if update is None or reference is None:
+        return None
+    norm = sum(float((b.double() ** 2).sum()) for b in reference)
+    if norm == 0:
+        return None
+    return sum(float((a.double() * b.double()).sum()) for a, b in zip(update, reference, strict=True)) / norm
 
 
 def relative_difference(update: list[Any] | None, reference: list[Any] | None) -> float | None:

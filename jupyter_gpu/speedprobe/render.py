@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text, table_text
-from jupyter_gpu.speedprobe.decide import helped
+from jupyter_gpu.speedprobe.decide import LOSS_DRIFT_LIMIT, helped
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
 
@@ -197,7 +197,9 @@ def _evidence(agreement: Agreement) -> str:
         bound = f" ≤ {agreement.tolerance:.1e}" if agreement.tolerance is not None else ""
         parts.append(f"update Δ {agreement.update_rel_l2:.1e}{bound}")
     if agreement.loss_drift is not None:
-        parts.append(f"loss drift {agreement.loss_drift:.2%}")
+        # The limit is said only where training amplifies rounding enough to raise it above 1%.
+        limit = f" ≤ {agreement.loss_limit:.1%}" if agreement.loss_limit > LOSS_DRIFT_LIMIT else ""
+        parts.append(f"loss drift {agreement.loss_drift:.2%}{limit}")
     return ", ".join(parts)
 
 

@@ -22,6 +22,8 @@ class Agreement:
     failure: str | None = None     # what went wrong: NaN or inf, a collapsing GradScaler, fp16 without a scaler
     agrees: bool | None = None     # None: could not be judged (the reason is in `note`)
     note: str | None = None        # why it could not be judged, or what was left out of the judgement
+    update_scale: float | None = None  # the first update's size along the baseline's direction (1 when equal)
+    loss_limit: float = 0.01       # the most the loss may drift (1%, or more where training amplifies rounding)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

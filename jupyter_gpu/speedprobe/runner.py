@@ -21,9 +21,9 @@ from typing import Any
 from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
 from jupyter_gpu.batchprobe.ticker import Ticker
 from jupyter_gpu.speedprobe import decide
-from jupyter_gpu.speedprobe.catalog import BY_NAME, OPTION_NAMES, CodeContext, loosest_format
+from jupyter_gpu.speedprobe.catalog import BY_NAME, FP32, OPTION_NAMES, CodeContext, loosest_format
 from jupyter_gpu.speedprobe.flags import GlobalFlags, conv_tf32_line
-from jupyter_gpu.speedprobe.measure import MIN_TIMED_STEPS, Run, StepRunner, relative_difference
+from jupyter_gpu.speedprobe.measure import MIN_TIMED_STEPS, Run, StepRunner, relative_difference, update_scale
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
 from jupyter_gpu.speedprobe.variants import StepSetting, why_not
 from jupyter_gpu.units import format_seconds
@@ -171,6 +171,7 @@ class _Probe:
         self.baseline: OptionTrial | None = None
         self.repeat_noise: float | None = None
         self.sensitivity: dict[str, float | None] = {}
+        self.rounded_drift: dict[str, float | None] = {}  # the loss's drift over the steps from rounded weights
         self.single_runs: list[tuple[str, str | None, Run | None]] = []
         self.judged_singles: list[OptionTrial] | None = None  # the singles once both baselines are in
         self.combination: OptionTrial | None = None
@@ -180,20 +181,19 @@ class _Probe:
     # -- the sequence ---------------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        planned = self._plan()
         # Two more warm-up calls than the other runs: the step's first calls grow the allocator's pools and fill
         # the kernels' caches, costs no later configuration pays.
-        first = self._measure((), "baseline (1 of 2)", want_batch_size=True, extra_warmup=2)
+        first = self._measure((), "baseline (1 of 2)", inspect_step=True, extra_warmup=2)
         if first.error is not None:
             raise SpeedProbeError(f"`{self.step_name}` raised {first.error} (everything it changed was put back)")
         self.baseline_run = first
         self.baseline = self._trial("baseline", (), first)
+        # Planned after the baseline: its counted step shows the formats the step computes in (its own autocast).
+        self.setting.compute_dtypes = first.compute_dtypes
+        planned = self._plan()
         applicable = [option for option, reason in planned if reason is None]
         for format_name in dict.fromkeys(BY_NAME[option].format for option in applicable):
-            self.ticker.resume(f"speedprobe {self.step_name}: how {format_name} rounding alone moves the update")
-            self.sensitivity[format_name] = relative_difference(self.runner.rounded_update(format_name),
-                                                                first.update)
-            self.put_back()
+            self._calibrate(format_name, first)
         for count, (option, reason) in enumerate(planned, 1):
             run = None if reason is not None else self._measure((option,), f"{option} ({count} of {len(planned)})")
             self.single_runs.append((option, reason, run))
@@ -209,6 +209,16 @@ class _Probe:
         if len(members) >= 2:
             run = self._measure(members, "the combination")
             self.combination = self._trial("+".join(members), members, run)
+
+    def _calibrate(self, format_name: str, first: Run) -> None:
+        """How far rounding the weights to `format_name` alone moves the first update, and (for a reduced format)
+        the loss over the steps: the scale of the differences correct arithmetic in that format makes here."""
+        self.ticker.resume(f"speedprobe {self.step_name}: how {format_name} rounding alone moves the update")
+        steps = 1 if format_name == FP32 else self.request.steps  # float32 reorderings drift nowhere near 1%
+        rounded = self.runner.rounded_run(format_name, steps)
+        self.put_back()
+        self.sensitivity[format_name] = relative_difference(rounded.update, first.update)
+        self.rounded_drift[format_name] = decide.loss_drift(rounded.losses[:steps], first.losses[:steps])[0]
 
     def singles(self) -> list[OptionTrial]:
         return [OptionTrial(option, (option,), skipped=reason) if run is None else self._trial(option, (option,), run)
@@ -227,26 +237,46 @@ class _Probe:
         names = self.request.options or OPTION_NAMES
         return [(option, why_not(option, self.setting)) for option in OPTION_NAMES if option in names]
 
-    def _measure(self, names: tuple[str, ...], label: str, want_batch_size: bool = False,
+    def _measure(self, names: tuple[str, ...], label: str, inspect_step: bool = False,
                  extra_warmup: int = 0) -> Run:
         compiled = any(name.startswith("compile") for name in names)
         self.compiled = self.compiled or compiled
-        timed = self._measure_once(names, label, want_batch_size, extra_warmup, same_random_numbers=False)
+        timed = self._measure_once(names, label, inspect_step, extra_warmup, same_random_numbers=False)
         if not (compiled and self.setting.has_dropout()) or timed.error is not None:
             return timed
         # Compiled dropout draws other masks than eager's, so the updates cannot be compared: the agreement comes
         # from a second run whose compiled code draws eager's random numbers (slower, so it is not the timing).
         checked = self._measure_once(names, f"{label}, checking its numbers", False, 0, same_random_numbers=True)
         return replace(timed, update=checked.update, losses=checked.losses, scaling=checked.scaling,
-                       loss_note=checked.loss_note, error=checked.error,
+                       first_step_skipped=checked.first_step_skipped, loss_note=checked.loss_note, error=checked.error,
                        notes=[*timed.notes, "its numbers were checked on a second compilation whose dropout draws "
                                             "eager's masks (torch._inductor.config.fallback_random)"])
 
-    def _measure_once(self, names: tuple[str, ...], label: str, want_batch_size: bool, extra_warmup: int,
+    def _measure_once(self, names: tuple[str, ...], label: str, inspect_step: bool, extra_warmup: int,
                       same_random_numbers: bool) -> Run:
+        run = self._run_once(names, label, inspect_step, extra_warmup, same_random_numbers)
+        scaling = run.scaling
+        if run.error is not None or scaling is None or not run.first_step_skipped or decide.scaler_failure(
+                scaling.initial_scale, float(scaling.scaler.get_scale()), scaling.skipped_steps, scaling.steps,
+                scaling.scaled_backwards > 0) is not None:
+            return run
+        # The GradScaler skipped its first steps while it found its scale, so this run lags the baseline by those
+        # steps and has no first update to compare. Training gets past that in its first steps: run again from the
+        # scale it found, as the rest of training runs.
+        found = float(scaling.scaler.get_scale())
+        settled = self._run_once(names, f"{label}, from the GradScaler's scale {found:g}", False, extra_warmup,
+                                 same_random_numbers, fp16_init_scale=found)
+        note = (f"the GradScaler skipped {scaling.skipped_steps} of the first steps at its initial scale "
+                f"{scaling.initial_scale:g} (the gradients overflowed float16) and settled at {found:g}; measured "
+                f"again from {found:g}, as training runs once the scale is found")
+        return replace(settled, notes=[*settled.notes, note])
+
+    def _run_once(self, names: tuple[str, ...], label: str, inspect_step: bool, extra_warmup: int,
+                  same_random_numbers: bool, fp16_init_scale: float | None = None) -> Run:
         try:
-            return self.runner.run(names, self.request.steps, label, want_batch_size=want_batch_size,
-                                   extra_warmup=extra_warmup, same_random_numbers=same_random_numbers)
+            return self.runner.run(names, self.request.steps, label, inspect_step=inspect_step,
+                                   extra_warmup=extra_warmup, same_random_numbers=same_random_numbers,
+                                   fp16_init_scale=fp16_init_scale)
         finally:
             self.ticker.pause()
             self.put_back()
@@ -281,21 +311,27 @@ class _Probe:
         baseline = self.baseline_run
         assert baseline is not None
         format_name = loosest_format(members)
-        failure = None
+        failure = unjudged = update_note = None
+        update = run.update
         if run.scaling is not None:
             scaling = run.scaling
             failure = decide.scaler_failure(scaling.initial_scale, float(scaling.scaler.get_scale()),
                                             scaling.skipped_steps, scaling.steps, scaling.scaled_backwards > 0)
-        unjudged = None
+            if scaling.unplaced_change:
+                unjudged = decide.UNPLACED_UNSCALE
+            elif run.first_step_skipped:
+                update, update_note = None, decide.first_step_skipped_note(scaling.initial_scale)
         if self.repeat_noise is not None and self.repeat_noise > NOT_REPEATABLE:
             unjudged = (f"two baseline runs from the same state differ by {self.repeat_noise:.2g}: the step is not "
                         "the same computation twice (a new batch per call, e.g. next(iterator)?); give it a fixed "
                         "batch to compare numbers")
-        sensitivity = self.sensitivity.get(format_name)
-        tolerance = decide.tolerance(format_name, sensitivity, self.repeat_noise)
+        tolerance = decide.tolerance(format_name, self.sensitivity.get(format_name), self.repeat_noise)
         steps = self.request.steps
-        return decide.judge(format_name, relative_difference(run.update, baseline.update), tolerance,
-                            run.losses[:steps], baseline.losses[:steps], failure=failure, unjudged=unjudged)
+        return decide.judge(format_name, relative_difference(update, baseline.update), tolerance,
+                            run.losses[:steps], baseline.losses[:steps], failure=failure, unjudged=unjudged,
+                            update_scale=update_scale(update, baseline.update),
+                            drift_limit=decide.loss_limit(self.rounded_drift.get(format_name)),
+                            update_note=update_note)
 
     # -- the result -------------------------------------------------------------------------------------------------
 
@@ -343,8 +379,11 @@ class _Probe:
         fused = any(f"{type(optimizer).__name__}: fused=True" in note for _, _, run in self.single_runs
                     if run is not None for note in run.notes)
         conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
+        clips = any(run is not None and run.scaling is not None and run.scaling.unscaled_for_clipping
+                    for _, _, run in self.single_runs)
         return CodeContext(device_type=self.setting.device_type, model=model, optimizer=optimizer_name,
-                           optimizer_class=optimizer_class, fused=fused, conv_tf32_line=conv_line)
+                           optimizer_class=optimizer_class, fused=fused, conv_tf32_line=conv_line,
+                           unscale_before_clipping=clips)
 
 
 def _class_path(optimizer: Any) -> str:

@@ -27,7 +27,15 @@ _CONV_2D = ("Conv2d", "ConvTranspose2d", "LazyConv2d", "LazyConvTranspose2d")
 _CUDNN_MODULES = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
                   "RNN", "LSTM", "GRU")
 _DROPOUT_MODULES = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout")
+_REDUCED_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 _MISSING = object()
+# Where torch.nn.utils.clip_grad_norm_ and clip_grad_value_ (and get_total_norm, clip_grads_with_norm_) read the
+# gradients: every one of them, also when the user imported it by name before the probe ran, looks this helper up in
+# torch.nn.utils.clip_grad's globals at call time (torch 2.x), so wrapping it there reaches them all.
+_CLIP_GRAD_READERS = ("_group_tensors_by_device_and_dtype",)
+# The public names, for a torch whose clipping does not go through that helper.
+_CLIP_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_")
+_TENSOR_ARGUMENTS = ("parameters", "tensors", "tensorlistlist")  # how those functions name their first argument
 
 
 @dataclass
@@ -37,6 +45,8 @@ class StepSetting:
     torch: Any
     objects: TrainingObjects
     device: Any  # torch.device of the model's first parameter
+    # The dtypes the step's matrix products and convolutions ran in, counted on the baseline's step (empty before).
+    compute_dtypes: dict[str, int] = field(default_factory=dict)
 
     @property
     def device_type(self) -> str:
@@ -54,6 +64,18 @@ class StepSetting:
     def parameter_dtypes(self) -> set[Any]:
         return {param.dtype for module in self.objects.modules for param in module.parameters()}
 
+    def own_autocast(self) -> str | None:
+        """Why the step already computes in a reduced format of its own (its autocast), or None: some of its matrix
+        products or convolutions ran in bfloat16 or float16 while the parameters are not (the caller checks that)."""
+        reduced = {dtype: count for dtype, count in self.compute_dtypes.items() if dtype in _REDUCED_DTYPES}
+        if not reduced:
+            return None
+        dtype = max(reduced, key=lambda name: reduced[name])
+        total = sum(self.compute_dtypes.values())
+        return (f"the step already uses {_REDUCED_DTYPES[dtype]} autocast: {sum(reduced.values())} of the {total} "
+                f"matrix products and convolutions it ran were in {dtype}, and its own autocast would override the "
+                "probe's")
+
 
 def why_not(name: str, setting: StepSetting) -> str | None:
     """Why option `name` cannot apply to this step here, in words; None when it applies."""
@@ -67,6 +89,9 @@ def why_not(name: str, setting: StepSetting) -> str | None:
         reduced = setting.parameter_dtypes() & {torch.float16, torch.bfloat16}
         if reduced:
             return f"the model's parameters are already {', '.join(sorted(str(d) for d in reduced))}"
+        own = setting.own_autocast()
+        if own is not None:
+            return own
         if setting.device_type not in ("cuda", "cpu"):
             return f"autocast is tried on CUDA and the CPU; this model is on {setting.device}"
         if name == "amp-bf16" and cuda and not getattr(torch.version, "hip", None):
@@ -173,8 +198,8 @@ def _fused_possible(torch: Any, optimizer: Any) -> bool:
 
 @dataclass
 class Fp16Scaling:
-    """The GradScaler the amp-fp16 option adds: it scales the loss in `loss.backward()` and steps through
-    `scaler.step(optimizer)`, counting what the agreement check needs."""
+    """The GradScaler the amp-fp16 option adds: it scales the loss in `loss.backward()`, unscales the gradients
+    before the step clips them, and steps through `scaler.step(optimizer)`, counting what the agreement check needs."""
 
     scaler: Any
     initial_scale: float
@@ -182,6 +207,13 @@ class Fp16Scaling:
     steps: int = 0
     skipped_steps: int = 0
     inside_scaler: bool = False
+    scaled_since_update: bool = False  # a scaled backward ran since the last scaler.update(): the gradients are scaled
+    unscaled_for_clipping: int = 0     # scaler.unscale_(optimizer) calls placed before the step's gradient clipping
+    # The first call's gradients changed between backward() and optimizer.step() while still scaled, by code the probe
+    # could not put scaler.unscale_ in front of (the step's own clipping): the first update says nothing about fp16.
+    unplaced_change: bool = False
+    watching: bool = True              # fingerprint the gradients (the first call only: it costs operators)
+    fingerprints: dict[int, Any] = field(default_factory=dict)  # id(optimizer) -> its gradients after backward()
 
 
 @dataclass
@@ -196,6 +228,7 @@ class Applied:
     fp16: Fp16Scaling | None = None
     notes: list[str] = field(default_factory=list)
     same_random_numbers: bool = False  # compiled code draws eager's random numbers (for the agreement run)
+    fp16_init_scale: float | None = None  # where amp-fp16's GradScaler starts; None: GradScaler's own 65536
 
     def call(self, step: Callable[[], Any]) -> Any:
         with ExitStack() as per_call:
@@ -207,10 +240,11 @@ class Applied:
         return value
 
 
-def apply(names: tuple[str, ...], setting: StepSetting, stack: ExitStack,
-          same_random_numbers: bool = False) -> Applied:
+def apply(names: tuple[str, ...], setting: StepSetting, stack: ExitStack, same_random_numbers: bool = False,
+          fp16_init_scale: float | None = None) -> Applied:
     """Apply the options in `names` (already checked with `why_not`); every change is undone by `stack`."""
-    applied = Applied(setting, names, stack, same_random_numbers=same_random_numbers)
+    applied = Applied(setting, names, stack, same_random_numbers=same_random_numbers,
+                      fp16_init_scale=fp16_init_scale)
     for name in names:
         _APPLY[name](applied)
     return applied
@@ -228,10 +262,12 @@ def _amp(dtype_name: str) -> Callable[[Applied], None]:
 
 
 def _add_grad_scaler(applied: Applied) -> None:
-    """Loss scaling without editing the step: `Tensor.backward` scales a scalar loss, each optimizer's `step`
-    goes through `scaler.step`, and `scaler.update()` runs after every call of the step."""
+    """Loss scaling without editing the step: `Tensor.backward` scales a scalar loss, gradient clipping unscales
+    first, each optimizer's `step` goes through `scaler.step`, and `scaler.update()` runs after every call."""
     torch = applied.setting.torch
-    scaler = torch.amp.GradScaler(applied.setting.device_type)
+    optimizers = applied.setting.objects.optimizers
+    start = {} if applied.fp16_init_scale is None else {"init_scale": applied.fp16_init_scale}
+    scaler = torch.amp.GradScaler(applied.setting.device_type, **start)
     scaling = Fp16Scaling(scaler, float(scaler.get_scale()))
     applied.fp16 = scaling
     original_backward = torch.Tensor.backward
@@ -239,7 +275,12 @@ def _add_grad_scaler(applied: Applied) -> None:
     def scaled_backward(tensor: Any, gradient: Any = None, *args: Any, **kwargs: Any) -> Any:
         if gradient is None and tensor.numel() == 1 and tensor.is_floating_point():
             scaling.scaled_backwards += 1
-            return original_backward(scaler.scale(tensor), None, *args, **kwargs)
+            scaling.scaled_since_update = True
+            outcome = original_backward(scaler.scale(tensor), None, *args, **kwargs)
+            if scaling.watching:
+                for optimizer in optimizers:
+                    scaling.fingerprints[id(optimizer)] = _gradient_fingerprint(torch, optimizer)
+            return outcome
         return original_backward(tensor, gradient, *args, **kwargs)
 
     @contextlib.contextmanager
@@ -251,17 +292,103 @@ def _add_grad_scaler(applied: Applied) -> None:
             torch.Tensor.backward = original_backward
 
     applied.around_call.append(patched_backward)
-    for optimizer in applied.setting.objects.optimizers:
+    applied.around_call.append(lambda: _unscaling_before_clipping(torch, scaling, optimizers))
+    for optimizer in optimizers:
         _route_step_through_scaler(applied, optimizer, scaling)
     steps_seen = [0]
 
     def update() -> None:
         # Once per call of the step, and only after a scaler.step (update() asserts an inf check was recorded).
+        scaling.watching = False
+        scaling.fingerprints.clear()
         if scaling.steps > steps_seen[0]:
             steps_seen[0] = scaling.steps
             scaler.update()
+            scaling.scaled_since_update = False
 
     applied.after_call.append(update)
+
+
+@contextlib.contextmanager
+def _unscaling_before_clipping(torch: Any, scaling: Fp16Scaling, optimizers: list[Any]) -> Iterator[None]:
+    """For the duration of a call, gradient clipping first unscales the gradients it is given, as PyTorch's AMP
+    recipe does (`scaler.unscale_(opt)` before `clip_grad_norm_`): clipping gradients still multiplied by the scale
+    (65536) would clip them all, and the update would shrink to nothing."""
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_grad
+
+    def unscaling(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def unscale_then(*args: Any, **kwargs: Any) -> Any:
+            # The tensors come first, or by name; a generator of parameters is read here first: keep its items.
+            key = next((name for name in _TENSOR_ARGUMENTS if name in kwargs), None)
+            if args:
+                args = (_listed(torch, args[0]), *args[1:])
+                _unscale_owners(torch, scaling, optimizers, args[0])
+            elif key is not None:
+                kwargs[key] = _listed(torch, kwargs[key])
+                _unscale_owners(torch, scaling, optimizers, kwargs[key])
+            return original(*args, **kwargs)
+        return unscale_then
+
+    with ExitStack() as patches:
+        for owner, names in ((clip_grad, (*_CLIP_GRAD_READERS, *_CLIP_FUNCTIONS)), (nn_utils, _CLIP_FUNCTIONS)):
+            for name in names:
+                original = owner.__dict__.get(name)
+                if callable(original):
+                    setattr(owner, name, unscaling(original))
+                    patches.callback(setattr, owner, name, original)
+        yield
+
+
+def _listed(torch: Any, tensors: Any) -> Any:
+    if isinstance(tensors, torch.Tensor | list | tuple):
+        return tensors
+    return list(tensors)
+
+
+def _unscale_owners(torch: Any, scaling: Fp16Scaling, optimizers: list[Any], tensors: Any) -> None:
+    """`scaler.unscale_` every optimizer whose parameters (or their gradients) are among `tensors` and whose gradients
+    are still scaled, once between two updates, as the recipe places it."""
+    if not scaling.scaled_since_update:
+        return
+    given = {id(tensor) for tensor in _flat_tensors(torch, tensors)}
+    for optimizer in optimizers:
+        state = scaling.scaler._per_optimizer_states[id(optimizer)]
+        if getattr(state.get("stage"), "name", None) != "READY":
+            continue  # unscaled already, or stepped
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        if any(id(param) in given or (param.grad is not None and id(param.grad) in given) for param in params):
+            scaling.scaler.unscale_(optimizer)
+            scaling.unscaled_for_clipping += 1
+
+
+def _flat_tensors(torch: Any, value: Any) -> Iterator[Any]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _flat_tensors(torch, item)
+
+
+def _gradient_fingerprint(torch: Any, optimizer: Any) -> tuple[tuple[bool, ...], Any]:
+    """Which parameters have gradients and the norm of each: equal before and after, the gradients are untouched."""
+    grads = [param.grad for group in optimizer.param_groups for param in group["params"]]
+    present = tuple(grad is not None for grad in grads)
+    dense = [grad for grad in grads if grad is not None and not grad.is_sparse]
+    if not dense:
+        return present, None
+    norms = torch.stack([norm.float().to(dense[0].device) for norm in torch._foreach_norm(dense)])
+    # Compared bit for bit: gradients that overflowed have inf or NaN norms, and NaN equals nothing, not even itself.
+    return present, norms.view(torch.int32)
+
+
+def _same_fingerprint(torch: Any, before: tuple[tuple[bool, ...], Any], after: tuple[tuple[bool, ...], Any]) -> bool:
+    if before[0] != after[0]:
+        return False
+    if before[1] is None or after[1] is None:
+        return before[1] is None and after[1] is None
+    return bool(torch.equal(before[1], after[1]))
 
 
 def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Scaling) -> None:
@@ -275,6 +402,7 @@ def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Sc
     def step_through_scaler(*args: Any, **kwargs: Any) -> Any:
         if scaling.inside_scaler or not scaling.scaled_backwards:
             return inner_step(*args, **kwargs)  # GradScaler.step calling back in, or nothing was scaled
+        _check_untouched(applied.setting.torch, scaling, optimizer)
         scaling.inside_scaler = True
         try:
             scaling.steps += 1
@@ -288,6 +416,19 @@ def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Sc
 
     optimizer.step = step_through_scaler
     applied.stack.callback(_put_back_attribute, optimizer, "step", previous)
+
+
+def _check_untouched(torch: Any, scaling: Fp16Scaling, optimizer: Any) -> None:
+    """Note a change of the still-scaled gradients since backward() (the step's own clipping, which the probe could
+    not unscale first); gradients the probe unscaled before clipping may change, as in the recipe."""
+    before = scaling.fingerprints.get(id(optimizer))
+    if before is None:
+        return
+    state = scaling.scaler._per_optimizer_states[id(optimizer)]
+    if getattr(state.get("stage"), "name", None) != "READY":
+        return
+    if not _same_fingerprint(torch, before, _gradient_fingerprint(torch, optimizer)):
+        scaling.unplaced_change = True
 
 
 def _put_back_attribute(owner: Any, name: str, previous: Any) -> None:
