@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 
 from jupyter_gpu.batchprobe.result import RECOMMEND, VERIFY, BatchProbeResult, Trial
+from jupyter_gpu.batchprobe.search import top_of_range
 from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text
 from jupyter_gpu.units import format_bytes, format_rate, format_seconds
 
@@ -23,9 +24,11 @@ def headline(result: BatchProbeResult) -> str:
                 f"after every call at batch {leak['batch_size']}, so no batch size holds for long; "
                 "fix what it keeps between calls, then probe again")
     if result.limited_by == "ignores batch_size":
-        fitted = sorted(t.batch_size for t in result.trials if t.fitted)
+        # The rule judges the top of the range (search.top_of_range): below it the step may still have grown.
+        fitted = {t.batch_size: t.allocated_peak_bytes or t.peak_bytes or 0 for t in result.trials if t.fitted}
+        top = top_of_range(list(fitted.items())) or sorted(fitted.items())
         return (f"batchprobe: the step apparently ignores batch_size: peak memory stayed flat (less than a byte "
-                f"per added sample) from batch {fitted[0]} to {fitted[-1]} (the --max cap), so that cap is not a "
+                f"per added sample) from batch {top[0][0]} to {top[-1][0]} (the --max cap), so that cap is not a "
                 "capacity; check "
                 "that it really uses batch_size samples (a dataset smaller than the batch, a fixed input)")
     if result.max_batch_size == 0:

@@ -25,6 +25,7 @@ from jupyter_gpu.batchprobe.search import (
     BatchSizeSearch,
     CurveModel,
     Outcome,
+    flat_check_size,
     flat_in_batch_size,
     memory_line,
     recommended_size,
@@ -204,18 +205,31 @@ class _Runner:
                 self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
                 if self.switch_to is not None or self.leak is not None:
                     return
+            self._check_flat_top()
+            if self.switch_to is not None or self.leak is not None:
+                return
             self.recommended = self._recommend()
         except KeyboardInterrupt:
             self.interrupted = True
+
+    def _check_flat_top(self) -> None:
+        """At --max, run the size the "ignores batch_size" verdict needs at the top of the range, if it is missing
+        (the search jumped there from the smallest sizes)."""
+        if not self.search.capped:
+            return
+        size = flat_check_size(_peak_points(self.trials), self.request.start)
+        if size is not None:
+            self._trial(size, SEARCH, "flat check")
 
     def _recommend(self) -> int:
         answer = self.search.answer
         if answer <= 0 or _ignores_batch_size(self.trials, self.search):
             return 0
         outcomes = self.search.outcomes
+        # A memory model the step contradicted says nothing about the real limit: the margin goes on the size.
+        budget = None if self.search.discredited else self.budget.limit_bytes
         # Never below --start: a smaller size may not run at all (BatchNorm at 1), whatever the margin says.
-        size = max(self.request.start, recommended_size(outcomes, answer, self.budget.limit_bytes,
-                                                        self.request.margin))
+        size = max(self.request.start, recommended_size(outcomes, answer, budget, self.request.margin))
         if size <= 0 or any(t.fitted and t.batch_size == size for t in self.trials):
             return size
         trial = self._trial(size, RECOMMEND, "margin")
@@ -342,7 +356,14 @@ def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: li
     for size, rate in fitted_rates:
         best_per_size[size] = max(rate, best_per_size.get(size, 0.0))
     line = _memory_model(search.outcomes, answer) if answer else None
-    if line is None and answer:
+    if search.contradiction is not None and answer:
+        size, predicted = search.contradiction
+        notes.append(f"The step ran out of memory at batch {size}, where the memory the probe counts predicted a peak "
+                     f"of {format_bytes(int(predicted))} of the {format_bytes(budget.limit_bytes)} budget: something "
+                     "the budget does not see limits it (another process's memory, fragmentation, a cap). The search "
+                     "went on by doubling from the largest size that fitted, then bisection, and the margin is "
+                     "applied to the size itself.")
+    elif line is None and answer:
         notes.append("Peak memory did not grow with the batch size, so the margin is applied to the size itself.")
     if request.steps == 1:
         notes.append("--steps 1: step times include the first step (warm-up, lazy optimizer state), and a step "
@@ -380,13 +401,16 @@ def _memory_model(outcomes: list[Outcome], answer: int) -> tuple[float, float] |
 
 
 def _ignores_batch_size(trials: list[Trial], search: BatchSizeSearch) -> bool:
-    """The search reached --max with peak memory flat across sizes: the cap is no capacity."""
-    if not search.capped:
-        return False
+    """The search reached --max with peak memory flat at the top of the range: the cap is no capacity."""
+    return search.capped and flat_in_batch_size(_peak_points(trials))
+
+
+def _peak_points(trials: list[Trial]) -> list[tuple[int, int]]:
+    """(size, peak) of the fitted trials, the latest of each size, as the "ignores batch_size" rule reads them."""
     # CUDA's reserved peak moves in 2 MiB segments; its allocated peak shows growth to the 512-byte block.
-    points = [(t.batch_size, t.allocated_peak_bytes or t.peak_bytes) for t in trials
-              if t.fitted and t.peak_bytes is not None]
-    return flat_in_batch_size(points)
+    latest = {t.batch_size: t.allocated_peak_bytes or t.peak_bytes for t in trials
+              if t.fitted and t.peak_bytes is not None}
+    return [(size, int(peak)) for size, peak in latest.items() if peak is not None]
 
 
 def _limited_by(runner: _Runner, ignores: bool) -> str:

@@ -24,6 +24,14 @@ breaks BatchNorm in training mode): when `--start` does not fit, nothing does. I
 A step whose peak does not grow (it raises out-of-memory above a hidden limit, or its allocations are
 invisible) never triggers a prediction, so the search is exactly doubling then bisection.
 
+- **Discredit**: a trial that fails where the model predicted a peak well within the budget (more than
+  LINE_TOLERANCE of it to spare) shows that something the budget does not see limits the step (another process's
+  memory, fragmentation, a cap): the model is dropped for the rest of the search, which goes on by doubling from
+  the largest size that fitted, then bisection. Halving down from the failed jump instead would fail on every
+  step down to the real limit. So the sizes after the contradicted trial are the ones doubling then bisection
+  tries: that one trial is all a wrong model costs. One past the predicted limit failing is the plan, not a
+  contradiction.
+
 Before answering, the limit must have run *after* the last failure: a failure can leave the allocator
 fragmented, so the answer is re-run when the last trial was a failure.
 """
@@ -59,6 +67,8 @@ class BatchSizeSearch:
     outcomes: list[Outcome] = field(default_factory=list)
     _hows: list[str] = field(default_factory=list)  # how each tried size was chosen
     _how: str = "start"
+    # (size, the peak the model predicted for it) of the failure that discredited the model; None while trusted.
+    contradiction: tuple[int, float] | None = None
 
     def __post_init__(self) -> None:
         if self.start < 1:
@@ -68,7 +78,16 @@ class BatchSizeSearch:
 
     def record(self, batch_size: int, fitted: bool, peak_bytes: int | None = None,
                curve: tuple[int, ...] | None = None) -> None:
+        if not fitted and self.contradiction is None and self.budget_bytes is not None:
+            predicted = self._predicted_peak(batch_size)
+            if predicted is not None and predicted <= self.budget_bytes * (1 - LINE_TOLERANCE):
+                self.contradiction = (batch_size, predicted)
         self.outcomes.append(Outcome(batch_size, fitted, peak_bytes, curve if fitted else None))
+
+    @property
+    def discredited(self) -> bool:
+        """A trial failed far below the peak the memory model predicted: the model is not used any more."""
+        return self.contradiction is not None
 
     # -- the bracket ---------------------------------------------------------------------------------------
     @property
@@ -132,6 +151,11 @@ class BatchSizeSearch:
             return lo, "re-run"
         if lo == 0:  # --start failed: nothing at or above it fits, and nothing below it is tried
             return None, "done"
+        if self.discredited:  # doubling from the largest size that fitted, then bisection, as with no model
+            assert upper is not None
+            if lo * 2 < upper:
+                return self._clamp(lo * 2), "double"
+            return (lo + upper) // 2, "bisect"
         limit = self._predicted_limit()
         if self.lowest_failure is None:
             if (curved := self._curve_step(lo)) is not None:
@@ -225,6 +249,16 @@ class BatchSizeSearch:
         return (growth >= MIN_GROWTH * large_peak
                 and small_peak - third_peak >= 0.5 * per_sample * (small - third)
                 and third_peak >= on_line_at_third - LINE_TOLERANCE * growth)
+
+    def _predicted_peak(self, size: int) -> float | None:
+        """The peak the memory model predicts at `size` (None: no model yet)."""
+        if (model := self._curve_model()) is not None:
+            return model.peak_at(size)
+        line = memory_line(self.outcomes, below=self.upper)
+        if line is None:
+            return None
+        intercept, per_sample = line
+        return intercept + per_sample * size
 
     def _predicted_limit(self) -> int | None:
         """The largest size the memory model says fits the budget (None: no model, or no budget)."""
@@ -345,27 +379,66 @@ def recommended_size(outcomes: list[Outcome], answer: int, budget_bytes: int | N
     return max(1, min(answer, size))
 
 
-# A step "ignores batch_size" when, over at least FLAT_SIZE_RANGE in size, its peak grew by less than one byte per
-# added sample: real work makes at least one tensor that grows with the batch (an activation of four bytes or
-# more per sample, even when the inputs are views of data already on the device). Step time is no witness: on a
-# busy 2-core machine the same millisecond step measured 0.5 to 28 ms from one trial to the next.
+# A step "ignores batch_size" when, over the top FLAT_SIZE_RANGE of the sizes it ran (the last four doublings), its
+# peak grew by less than one byte per added sample: real work makes at least one tensor that grows with the batch
+# (an activation of four bytes or more per sample, even when the inputs are views of data already on the device).
+# The top, not the whole range: a step that draws min(batch_size, 64) samples grows up to 64 and not after, and over
+# 2..4096 that early growth outweighs a byte per sample, while over 2..65536 it does not; the verdict must not depend
+# on --max. Step time is no witness: on a busy 2-core machine the same millisecond step measured 0.5 to 28 ms from
+# one trial to the next.
 FLAT_SIZE_RANGE = 16
 FLAT_BYTES_PER_SAMPLE = 1
+# The growth "slowed" when, from the top's base to the largest size, the peak grew by less than this share of what
+# the per-sample growth between the two smallest sizes would give: then it may have stopped inside the top.
+SLOWED_SHARE = 0.5
+
+
+def top_of_range(points: list[tuple[int, int]]) -> list[tuple[int, int]] | None:
+    """The fitted (size, peak) from the largest size at most 1/FLAT_SIZE_RANGE of the largest, up to the largest,
+    by size (None: no size that small, so no range wide enough to judge)."""
+    points = sorted(points)
+    if len(points) < 2:
+        return None
+    large = points[-1][0]
+    below = [index for index, (size, _) in enumerate(points) if size * FLAT_SIZE_RANGE <= large]
+    return points[below[-1]:] if below else None
 
 
 def flat_in_batch_size(points: list[tuple[int, int]]) -> bool:
-    """Whether (size, peak bytes) of fitted trials say the step does not depend on the batch size.
+    """Whether (size, peak bytes) of fitted trials say the step does not depend on the batch size at the top of
+    the range it ran.
 
     A step that draws from a 64-sample dataset (`data[:batch_size]`) or uses a fixed input makes the same tensors
-    at every size, so its "largest batch size" is only the --max cap.
+    at every size past some point, so its "largest batch size" is only the --max cap.
     """
-    if len(points) < 2:
+    top = top_of_range(points)
+    if top is None:
         return False
+    (small, small_peak), (large, large_peak) = top[0], top[-1]
+    return max(peak for _, peak in top) - min(small_peak, large_peak) < FLAT_BYTES_PER_SAMPLE * (large - small)
+
+
+def flat_check_size(points: list[tuple[int, int]], start: int) -> int | None:
+    """The size to run so that the top of the range can be judged flat or not; None when no trial is needed.
+
+    Needed when the sizes jumped past the top's base (the memory model went from 4 straight to --max), the top
+    is not already flat from the size below it, and the growth from there to the largest size fell short of the
+    growth per sample the smallest sizes showed: it may have stopped inside the top, or before it.
+    """
     points = sorted(points)
-    (small, small_peak), (large, large_peak) = points[0], points[-1]
-    if large < FLAT_SIZE_RANGE * small:
-        return False
-    return max(peak for _, peak in points) - min(small_peak, large_peak) < FLAT_BYTES_PER_SAMPLE * (large - small)
+    if len(points) < 2 or flat_in_batch_size(points):
+        return None
+    large, large_peak = points[-1]
+    target = large // FLAT_SIZE_RANGE
+    below = [(size, peak) for size, peak in points if size <= target]
+    if target < start or not below or below[-1][0] * 2 > target:
+        return None  # the top's base already ran, within a doubling of it
+    base, base_peak = below[-1]
+    (first, first_peak), (second, second_peak) = points[0], points[1]
+    per_sample = (second_peak - first_peak) / (second - first)
+    if large_peak - base_peak >= SLOWED_SHARE * per_sample * (large - base):
+        return None  # still growing as at the smallest sizes: the top is not flat
+    return target
 
 
 def throughput_knee(points: list[tuple[int, float]], within: float = 0.95) -> int | None:

@@ -11,6 +11,7 @@ import pytest
 from jupyter_gpu.batchprobe.search import (
     BatchSizeSearch,
     Outcome,
+    flat_check_size,
     flat_in_batch_size,
     memory_line,
     recommended_size,
@@ -129,6 +130,18 @@ def jittery(intercept: int, per_sample: int, budget: int) -> Step:
     return step
 
 
+def contradicted(intercept: int, per_sample: int, budget: int) -> Step:
+    """Peaks grow as the line says, but out of memory comes far below where the line meets the budget: something the
+    budget does not see (another process's memory, fragmentation, a cap) limits the step at a fifth of it."""
+    hidden = (budget - intercept) // per_sample // 5
+
+    def step(n: int) -> tuple[bool, int | None]:
+        peak = intercept + per_sample * n
+        return peak <= budget and n <= hidden, peak
+
+    return step
+
+
 MODELS: dict[str, Callable[[int, int, int], Step]] = {
     "linear": linear,
     "flat-peak": lambda a, b, budget: hidden_limit(max(0, (budget - a) // b), 5 * MIB),
@@ -138,6 +151,7 @@ MODELS: dict[str, Callable[[int, int, int], Step]] = {
     "square": superlinear,
     "noisy-tiny-slope": noisy_tiny_slope,
     "jittery": jittery,
+    "contradicted": contradicted,
 }
 
 
@@ -332,6 +346,59 @@ def test_a_flat_peak_searches_no_more_than_doubling_then_bisection(start: int, p
         searching = len(trials) - (1 if trials[-1][2] == "re-run" else 0)
         assert searching <= reference, (limit, trials, reference)
         assert len(trials) <= reference + 1
+
+
+def run_contradicted(start: int, maximum: int | None, budget: int, limit: int, per_sample: int,
+                     curves: bool) -> tuple[BatchSizeSearch, list[Trial]]:
+    """A step whose own memory grows by `per_sample` (so the model predicts a limit near budget / per_sample) but
+    that runs out of memory above `limit`, far below: fed with curves (the CPU budget) or with peaks alone (CUDA)."""
+    search = BatchSizeSearch(start, maximum, budget)
+    trials: list[Trial] = []
+    while (size := search.next_size()) is not None:
+        live = (8 * MIB + per_sample * size // 2, 8 * MIB + per_sample * size, 9 * MIB)
+        fitted = size <= limit and max(live) <= budget
+        search.record(size, fitted, max(live) if fitted else None, curve=live if curves else None)
+        trials.append((size, fitted, search.last_step))
+        assert len(trials) <= 80, f"the search does not end: {trials[-10:]}"
+    return search, trials
+
+
+def test_an_out_of_memory_far_below_the_prediction_does_not_walk_down_from_the_top() -> None:
+    # Issue 29: the peak at 48 is 192 KiB of a 23 GiB budget, and 49 runs out of memory. The check at 65536 fails
+    # far below its predicted peak: the curve is discredited, and the search doubles on from 4, then bisects,
+    # instead of halving down from 65536 (11 failures, 19 trials).
+    search, trials = run_contradicted(2, 65536, 23 << 30, 48, 4096, curves=True)
+    assert search.answer == 48
+    assert [n for n, _, _ in trials] == [2, 4, 65536, 8, 16, 32, 64, 48, 56, 52, 50, 49, 48]
+    assert trials[-1][2] == "re-run"
+    assert search.discredited
+
+
+@pytest.mark.parametrize("curves", [True, False], ids=["curves", "peaks"])
+@pytest.mark.parametrize("start", [1, 2, 5, 16])
+@pytest.mark.parametrize("maximum", [None, 65536])
+def test_failures_the_model_did_not_predict_search_no_more_than_doubling_then_bisection(
+        curves: bool, start: int, maximum: int | None) -> None:
+    # The trials after the prediction the step contradicted are doubling from the largest size that fitted, then
+    # bisection: with it, never more search trials than doubling then bisection from --start, plus that one.
+    budget = 23 << 30
+    for limit in [*range(start, start + 300), 1000, 4095, 4096, 30_001]:
+        search, trials = run_contradicted(start, maximum, budget, limit, 4096, curves)
+        assert search.answer == limit, trials
+        assert_answer_verified(trials, limit)
+        reference = doubling_then_bisection(start, limit)
+        searching = len(trials) - (1 if trials[-1][2] == "re-run" else 0)
+        contradicted = sum(1 for n, fitted, how in trials if not fitted and how in ("check", "approach", "predict")
+                           and n > 2 * limit)
+        assert contradicted <= 1, trials
+        assert searching <= reference + contradicted, (limit, trials, reference)
+
+
+def test_a_near_miss_of_the_prediction_keeps_the_model() -> None:
+    # One past the predicted limit fails, as planned: that confirms the model, it does not discredit it.
+    search, trials = run_search(2, None, 1000 + 10 * 20, linear(1000, 10, 1000 + 10 * 20))
+    assert search.answer == 20 and not search.discredited
+    assert len(trials) == 4
 
 
 def test_the_reference_search_counts_its_trials() -> None:
@@ -559,3 +626,29 @@ def test_flat_in_batch_size_needs_less_than_a_byte_per_added_sample_over_a_wide_
     assert not flat_in_batch_size([(2, 10 * MIB), (16, 10 * MIB)])  # too narrow a range to tell
     assert not flat_in_batch_size([(2, 10 * MIB), (65_536, 10 * MIB + 4 * 65_534)])  # a 4-byte activation grew
     assert not flat_in_batch_size([(4, 10 * MIB), (1024, 10 * MIB + 1020)])  # one byte per sample: real work
+
+
+def test_flat_is_judged_at_the_top_of_the_range_so_max_does_not_decide() -> None:
+    # min(batch_size, 64) samples of 128 bytes: growth up to 64, then none (issue 29).
+    def peak(size: int) -> int:
+        return 4_232 + 128 * min(size, 64)
+
+    for maximum in (1024, 4096, 65_536, 100_000):
+        jumped = [(2, peak(2)), (4, peak(4)), (maximum, peak(maximum))]  # the memory model went straight to --max
+        check = flat_check_size(jumped, start=2)
+        if check is not None:
+            assert check == maximum // 16
+            jumped.append((check, peak(check)))
+        assert flat_in_batch_size(jumped), maximum
+        doubled = [(size, peak(size)) for size in (2 ** k for k in range(1, 30)) if size <= maximum]
+        assert flat_in_batch_size([*doubled, (maximum, peak(maximum))]), maximum
+
+
+def test_a_step_still_growing_at_the_top_is_not_flat_and_needs_no_extra_trial() -> None:
+    def peak(size: int) -> int:
+        return 4_232 + 128 * size
+
+    points = [(2, peak(2)), (4, peak(4)), (4096, peak(4096))]
+    assert flat_check_size(points, start=2) is None
+    assert not flat_in_batch_size([*points, (256, peak(256))])
+    assert flat_check_size([(2, 10), (4096, 10)], start=512) is None  # the top's base would be below --start
