@@ -42,6 +42,17 @@ def shell() -> InteractiveShell:
     return start_ipython() or InteractiveShell.instance()
 
 
+@pytest.fixture
+def ip(shell: InteractiveShell):
+    """The shell with the extension loaded, as after `%load_ext jupyter_gpu`; the user's names go afterwards."""
+    shell.run_line_magic("load_ext", "jupyter_gpu")
+    yield shell
+    shell.run_line_magic("unload_ext", "jupyter_gpu")
+    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
+                                                                                   "get_ipython")]:
+        shell.user_ns.pop(name, None)
+
+
 @pytest.fixture(scope="session")
 def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A fresh virtual environment with nothing installed: no torch, no pynvml."""

@@ -9,16 +9,6 @@ from IPython.core.interactiveshell import InteractiveShell
 from jupyter_gpu.batchprobe.result import SEARCH, VERIFY, BatchProbeResult
 
 
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
-    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
-                                                                                   "get_ipython")]:
-        shell.user_ns.pop(name, None)
-
-
 def batchprobe(ip: InteractiveShell, line: str) -> BatchProbeResult:
     result = ip.run_line_magic("batchprobe", f"{line} -o -q")
     assert isinstance(result, BatchProbeResult)

@@ -12,16 +12,6 @@ from processes import child_pids
 from jupyter_gpu.dataprobe.result import DataProbeResult
 
 
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
-    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
-                                                                                   "get_ipython")]:
-        shell.user_ns.pop(name, None)
-
-
 def dataprobe(ip: InteractiveShell, line: str) -> DataProbeResult:
     result = ip.run_line_magic("dataprobe", f"{line} -o -q")
     assert isinstance(result, DataProbeResult)

@@ -16,11 +16,3 @@ def shell(shell: InteractiveShell) -> InteractiveShell:
     return shell
 
 
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
-    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
-                                                                                   "get_ipython")]:
-        shell.user_ns.pop(name, None)

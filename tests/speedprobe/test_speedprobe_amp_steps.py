@@ -43,16 +43,6 @@ def train_step():
 """
 
 
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    shell.run_line_magic("load_ext", "jupyter_gpu")
-    yield shell
-    shell.run_line_magic("unload_ext", "jupyter_gpu")
-    for name in [n for n in shell.user_ns if not n.startswith("_") and n not in ("In", "Out", "exit", "quit",
-                                                                                   "get_ipython")]:
-        shell.user_ns.pop(name, None)
-
-
 def speedprobe(ip: InteractiveShell, line: str):
     with capture_output() as captured:
         result = ip.run_line_magic("speedprobe", line)
