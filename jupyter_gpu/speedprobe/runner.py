@@ -266,9 +266,9 @@ class _Probe:
         found = float(scaling.scaler.get_scale())
         settled = self._run_once(names, f"{label}, from the GradScaler's scale {found:g}", False, extra_warmup,
                                  same_random_numbers, fp16_init_scale=found)
-        note = (f"the GradScaler skipped {scaling.skipped_steps} of the first steps at its initial scale "
-                f"{scaling.initial_scale:g} (the gradients overflowed float16) and settled at {found:g}; measured "
-                f"again from {found:g}, as training runs once the scale is found")
+        note = (f"the GradScaler skipped {scaling.skipped_steps} of its first steps (float16 gradients overflowed at "
+                f"its initial scale {scaling.initial_scale:g}) and settled at {found:g}; measured again from "
+                f"{found:g}, as training runs once the scale is found")
         return replace(settled, notes=[*settled.notes, note])
 
     def _run_once(self, names: tuple[str, ...], label: str, inspect_step: bool, extra_warmup: int,
