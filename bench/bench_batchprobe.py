@@ -19,7 +19,7 @@ a. `mlp`, allocating: an MLP 32->2048->10 with six activations, Adam, whose acti
    under a CPU memory budget (`--budgets`, MiB: 64 and 256).
 b. `oom-only`: raises `torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")` when the batch
    size is above a hidden limit (`--hidden`: 48, 300, 1000) and allocates nothing that grows: no memory signal.
-c. `mlp-adam`, allocating: the model of the README's `%batchprobe` example (example_notebooks/03_batchprobe.ipynb):
+c. `mlp-adam`, allocating: the model of docs/batchprobe.md's example (example_notebooks/03_batchprobe.ipynb):
    64->256 (BatchNorm1d, ReLU) ->256 (ReLU) ->10, Adam lr 1e-3; budget 12 MiB.
 d. `resnet`, allocating: a CIFAR-style ResNet, a 3x3 stem and three stages of two basic residual blocks
    (Conv2d 3x3 without bias + BatchNorm2d + ReLU, twice, plus the identity or a 1x1 conv + BatchNorm2d
@@ -149,7 +149,7 @@ SPECS = {
         _adam, _classes((32,))),
     "oom-only": Spec("OOM-only", lambda: nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)), _adam,
                      _classes((32,))),
-    "mlp-adam": Spec("MLP + Adam (README)", lambda: nn.Sequential(
+    "mlp-adam": Spec("MLP + Adam (docs example)", lambda: nn.Sequential(
         nn.Linear(64, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)),
         _adam, _classes((64,)), budget_mib=12),
     "resnet": Spec("ResNet-style CNN", ResNet, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),

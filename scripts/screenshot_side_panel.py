@@ -1,4 +1,4 @@
-"""Takes the README's screenshots of the JupyterLab side panel (simulated GPUs, real JupyterLab and kernels).
+"""Takes the side panel's screenshots for docs/side-panel.md (simulated GPUs, real JupyterLab and kernels).
 
     .venv/bin/python scripts/screenshot_side_panel.py      # writes docs/side-panel.png, docs/side-panel-nodriver.png
 

@@ -196,7 +196,7 @@ def test_the_users_own_extensions_still_load(environment, user_extensions, same_
 
 
 def test_documented_a_plain_kernel_app_assignment_in_the_profile_replaces_ours(environment, user_extensions):
-    # The one case the README warns about: the profile is read after the environment's file.
+    # The one case docs/cli.md warns about: the profile is read after the environment's file.
     env, profile_config = user_extensions
     profile_config.write_text('c.IPKernelApp.extensions = ["user_ext_b"]\n')
     switch(environment, "on")

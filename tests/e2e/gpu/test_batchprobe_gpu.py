@@ -1,7 +1,7 @@
 """%batchprobe on a real NVIDIA GPU: the allocator cap, the exact limit, restore, the fake estimate's accuracy.
 
 Not part of the default run (`-m "not gpu"`); scripts/gpu-check.sh runs them and prints the figures the
-README's estimate-accuracy line needs.
+estimate-accuracy line of docs/batchprobe.md needs.
 """
 
 from __future__ import annotations
