@@ -46,14 +46,17 @@ class DeviceClock:
         self._extra_sync = extra_sync
         self._named = frozenset(devices)
 
+    def _current_torch(self) -> Any | None:
+        # The torch given, else the one a cell has imported since this clock was made.
+        return self._torch if self._torch is not None else loaded_torch()
+
     def devices(self) -> tuple[int, ...]:
         """The CUDA devices to synchronise and time now; () while CUDA is not initialised in this kernel."""
-        torch = self._torch if self._torch is not None else loaded_torch()  # the cell may have imported it
-        found = context_devices(torch)
+        found = context_devices(self._current_torch())
         return tuple(sorted({*found, *self._named})) if found else ()
 
     def synchronize(self, devices: tuple[int, ...] | None = None) -> None:
-        torch = self._torch if self._torch is not None else loaded_torch()
+        torch = self._current_torch()
         for index in self.devices() if devices is None else devices:
             torch.cuda.synchronize(index)
         for kind in self._extra_sync:
@@ -65,7 +68,7 @@ class DeviceClock:
         """(wall seconds, GPU seconds or None) of `run()`, with queued work drained before and after."""
         devices = self.devices()
         self.synchronize(devices)
-        torch = self._torch
+        torch = self._current_torch()  # the one `devices` came from: a clock made before the cell imported torch
         starts = {index: record_event(torch, index) for index in devices}
         ends: dict[int, Any] = {}
         began = time.perf_counter()
