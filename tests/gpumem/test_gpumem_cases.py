@@ -39,7 +39,8 @@ def test_each_case_is_named_and_given_back_to_where_it_started(notebook, case: M
 
     memory = notebook.run_line_magic("gpumem", "-o -q")
     named = sum(entry.bytes for entry in memory.on("cpu") if entry.address in held)
-    assert named >= 0.95 * sum(held.values()), (case.name, named, held, memory.entries)
+    assert named >= 0.95 * sum(held.values()), (case.name, named, held, memory.entries, memory.devices, memory.notes,
+                                                memory.objects_visited)
     shown = {name for entry in memory.entries for name in entry.names}
     assert [path for path in expected_paths(notebook, case) if path not in shown] == []
 

@@ -48,8 +48,7 @@ def fits_fresh(make: Callable[[], Any], size: int, budget: int, steps: int = 2) 
     except torch.OutOfMemoryError:
         return False
     finally:
-        del training, step
-        gc.collect()
+        del training, step  # the next brute force (or probe) starts with a full collection
 
 
 def forget(ip: InteractiveShell, *names: str) -> None:
