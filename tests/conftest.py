@@ -19,6 +19,14 @@ from jupyter_gpu.gpucheck.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that lays out a fake machine runs the real probe children on it: it starts processes, so it belongs
+    # to the whole suite, not to the fast loop (`./dev test --fast` selects "not probe_children").
+    for item in items:
+        if "lay_out" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.probe_children)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Every gpu-marked test skips with its reason where CUDA is not available, before any fixture: a module-scoped

@@ -53,6 +53,7 @@ def real_check(environment: TempEnvironment, env: dict[str, str] | None = None, 
     return json.loads(done.stdout)
 
 
+@pytest.mark.timing
 def test_a_failing_check_is_one_line_on_the_first_cell_and_never_again(environment):
     switch(environment, "on")
     expected = real_check(environment)
@@ -96,6 +97,7 @@ def test_a_healthy_gpu_machine_prints_nothing(gpu_environment, tmp_path):
     assert torch_loaded == "False"  # the stub torch is importable here, and still nothing imported it
 
 
+@pytest.mark.timing
 def test_the_first_cell_does_not_wait_for_a_slow_check(gpu_environment, tmp_path):
     switch(gpu_environment, "on")
     # A CPU torch on a GPU machine whose import takes 6 s: the check needs that long to fail.
@@ -205,6 +207,7 @@ def test_documented_a_plain_kernel_app_assignment_in_the_profile_replaces_ours(e
     assert ours == "False"
 
 
+@pytest.mark.timing
 def test_start_up_cost(environment, record_property):
     """The load's own time is bounded; kernel start with and without autoload is measured and reported."""
     switch(environment, "off")

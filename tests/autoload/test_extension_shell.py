@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from IPython.core.magic import LazyMagic
 
 from jupyter_gpu.autoload import extension
@@ -13,6 +14,7 @@ def declared(shell) -> dict[str, list[str]]:
             for kind, names in MAGIC_NAMES.items()}
 
 
+@pytest.mark.timing
 def test_silenced_it_declares_every_magic_lazily_and_checks_nothing(shell, monkeypatch):
     monkeypatch.setenv("JUPYTER_GPU_AUTOLOAD", "off")
     callbacks = list(shell.events.callbacks["pre_run_cell"])

@@ -234,6 +234,7 @@ def test_the_peers_cases_an_out_of_memory_above_a_size_gives_exactly_that_size(m
     assert max(tried) <= maximum and min(tried) >= 2
 
 
+@pytest.mark.timing
 def test_the_progress_line_keeps_counting_during_a_long_trial() -> None:
     shown: list[tuple[float, str]] = []
     started = time.perf_counter()
@@ -370,6 +371,7 @@ def test_keyboard_interrupt_keeps_the_finished_trials_and_restores_the_state() -
 # -- what each trial reports ----------------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_each_trial_runs_steps_steps_and_times_the_steady_state() -> None:
     steps = 3
     calls: list[int] = []

@@ -47,6 +47,7 @@ split_loader = DataLoader(SplitStream(), batch_size=8)
 """
 
 
+@pytest.mark.timing
 def test_workers_that_duplicate_a_stream_are_never_recommended_and_the_fix_is_named(ip: InteractiveShell) -> None:
     ip.run_cell(STREAMS).raise_error()
     children = child_pids()
@@ -64,6 +65,7 @@ def test_workers_that_duplicate_a_stream_are_never_recommended_and_the_fix_is_na
     assert child_pids() == children
 
 
+@pytest.mark.timing
 def test_a_stream_that_splits_its_items_still_gets_workers(ip: InteractiveShell) -> None:
     ip.run_cell(STREAMS).raise_error()
     result = dataprobe(ip, "split_loader --workers 0,2 --seconds 4")
@@ -117,6 +119,7 @@ ITEM_RATE = 1000.0
     "DataLoader(ImageStream(), batch_size=8, collate_fn=detection_collate)",
     "DataLoader(Images(), batch_size=None)",  # no automatic batching: each image is one sample, not 3
 ])
+@pytest.mark.timing
 def test_samples_are_counted_by_the_items_loaded_not_by_an_images_channels(ip: InteractiveShell,
                                                                             loader: str) -> None:
     ip.run_cell(IMAGES + f"loader = {loader}").raise_error()
@@ -125,6 +128,7 @@ def test_samples_are_counted_by_the_items_loaded_not_by_an_images_channels(ip: I
     assert 0.55 * ITEM_RATE < rate < 1.1 * ITEM_RATE, rate
 
 
+@pytest.mark.timing
 def test_a_bucketing_batch_sampler_is_counted_by_the_indices_it_draws(ip: InteractiveShell) -> None:
     # Batches of 2, 4 and 10 images in turn (16 images in 3 batches): the first tensor's size says nothing.
     ip.run_cell(IMAGES + """

@@ -61,6 +61,7 @@ KNOWN_RATIOS = [
 VERDICT_STEP_SECONDS = 0.05
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(("ratio", "workers", "expected"), KNOWN_RATIOS)
 def test_the_verdict_is_right_on_every_known_ratio(ratio, workers, expected):
     loader = loader_for_ratio(ratio, step_seconds=VERDICT_STEP_SECONDS, num_workers=workers,
@@ -73,6 +74,7 @@ def test_the_verdict_is_right_on_every_known_ratio(ratio, workers, expected):
     assert result.perfect_loader_speedup >= 1.0
 
 
+@pytest.mark.timing
 def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
     loader = loader_for_ratio(2.0, step_seconds=STEP_SECONDS)  # one batch takes two steps to load
     result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2), seconds=8.0)
@@ -106,6 +108,7 @@ def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
     assert "keep your setting" in str(result)
 
 
+@pytest.mark.timing
 def test_without_a_step_the_loader_alone_is_swept():
     loader = sleepy_loader(item_seconds=0.002)
     result = probe(loader, workers=(0, 2), seconds=4.0)
@@ -117,6 +120,7 @@ def test_without_a_step_the_loader_alone_is_swept():
     assert result.speedup > 1.1
 
 
+@pytest.mark.timing
 def test_the_time_budget_is_kept():
     import time
 

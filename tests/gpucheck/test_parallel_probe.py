@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from fake_machine import Machine
 
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
@@ -26,6 +27,7 @@ def timed_gather(ctx: ProbeContext) -> tuple[float, dict]:
     return time.monotonic() - started, snapshot
 
 
+@pytest.mark.timing
 def test_torch_and_base_children_run_at_the_same_time(lay_out):
     ctx = lay_out(Machine().nvidia_host().cuda_torch(hang_s=SLOW_S))
     slow_base_child(ctx)

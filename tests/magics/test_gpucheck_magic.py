@@ -76,6 +76,7 @@ def test_save_then_replay_gives_the_same_diagnosis(ip, tmp_path):
     assert replay.to_dict(include_facts=False) == first.to_dict(include_facts=False)
 
 
+@pytest.mark.timing
 def test_repeated_check_is_fast_and_refresh_reprobes(ip, lay_out):
     import time
 

@@ -13,6 +13,9 @@ from IPython.utils.capture import capture_output
 from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX
 from jupyter_gpu.metrics.sampler import THREAD_NAME
 
+# Every test here times real work (sleeps of known length) and checks the figures: they run alone.
+pytestmark = pytest.mark.timing
+
 # Sleeps overshoot on a loaded CI machine, never undershoot: the upper tolerance is generous.
 SLEEP_SLACK = 0.04
 

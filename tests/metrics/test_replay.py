@@ -231,6 +231,7 @@ def _sampler_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == THREAD_NAME]
 
 
+@pytest.mark.timing
 def test_record_reads_now_then_every_interval():
     seen: list[Sample] = []
     started = time.time()

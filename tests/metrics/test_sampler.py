@@ -107,6 +107,7 @@ def test_context_manager_starts_and_stops():
     assert sampler.latest().backend == "simulated:h200"
 
 
+@pytest.mark.timing
 def test_polling_does_not_drift_when_reads_are_slow():
     # A read taking 30 ms must not stretch a 100 ms period to 130 ms: ticks are scheduled from the start.
     backend = CountingBackend(delay=0.03)
