@@ -79,6 +79,7 @@ def test_a_killed_rank_stops_every_rank(no_process_left_behind):
     assert killed
 
 
+@pytest.mark.timing
 def test_a_hung_rank_times_out_and_every_rank_is_killed(no_process_left_behind):
     def freeze_a_rank(text: str) -> None:
         if text.endswith("(1/3)"):
