@@ -25,16 +25,6 @@ def notebook(shell):
         yield ready
 
 
-def diagnosis(notebook) -> dict[str, object]:
-    """What the process looked like when %gpumem named nothing (seen once in a while under pytest-xdist only)."""
-    import sys
-    kept = notebook.user_ns.get("kept")
-    return {"frozen": gc.get_freeze_count(), "gc enabled": gc.isenabled(),
-            "same torch": sys.modules.get("torch") is torch, "kept": type(kept).__name__,
-            "kept hidden": "kept" in notebook.user_ns_hidden,
-            "tensors gc sees": sum(1 for obj in gc.get_objects() if type(obj) is torch.Tensor)}
-
-
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_each_case_is_named_and_given_back_to_where_it_started(notebook, case: MemoryCase) -> None:
     if case.setup:
@@ -49,7 +39,7 @@ def test_each_case_is_named_and_given_back_to_where_it_started(notebook, case: M
 
     memory = notebook.run_line_magic("gpumem", "-o -q")
     named = sum(entry.bytes for entry in memory.on("cpu") if entry.address in held)
-    assert named >= 0.95 * sum(held.values()), (case.name, named, held, memory.notes, diagnosis(notebook))
+    assert named >= 0.95 * sum(held.values()), (case.name, named, held, memory.entries, memory.notes)
     shown = {name for entry in memory.entries for name in entry.names}
     assert [path for path in expected_paths(notebook, case) if path not in shown] == []
 
