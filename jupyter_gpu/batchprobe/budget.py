@@ -44,6 +44,9 @@ class Peak:
 class Budget(Protocol):
     device: str
     accounting: str
+    # Whether every storage a trial makes is tracked while it lives (the dispatch mode sees each one), so that
+    # `leftovers()` is complete. The CUDA ledger only sees storages that have a Python tensor when it scans.
+    tracks_every_storage: bool
     limit_bytes: int
     source: str
 
@@ -228,6 +231,7 @@ class TensorBudget(StorageCounter):
     """
 
     accounting = "live tensor bytes"
+    tracks_every_storage = True
 
     def __init__(self, torch: Any, device_type: str = "cpu", limit_bytes: int | None = None) -> None:
         baseline = live_tensor_bytes(torch, device_type)
@@ -268,6 +272,7 @@ class AllocatorBudget:
     """CUDA: the caching allocator's own statistics, and its per-process cap for --max-memory."""
 
     accounting = "CUDA caching allocator"
+    tracks_every_storage = False
 
     def __init__(self, torch: Any, limit_bytes: int | None = None, index: int | None = None) -> None:
         self._cuda = torch.cuda

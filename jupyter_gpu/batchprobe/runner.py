@@ -269,10 +269,11 @@ class _Runner:
         needed = self.budget.refused_at() if failure is not None else None
         self.budget.end_trial()
         self.snapshot.restore()
-        if failure is not None and self.budget.leftovers():
+        if failure is not None and (self.budget.leftovers() or not self.budget.tracks_every_storage):
             # A failed step can leave reference cycles (half-built autograd graphs, frames) that hold tensors; a
             # successful one frees by reference counting. A full collection costs a large notebook ~0.3 s, the
-            # costliest part of a trial, so it runs only when storages the trials made are still alive.
+            # costliest part of a trial, so where the budget tracks every storage it runs only when storages the
+            # trials made are still alive. The CUDA ledger cannot see a storage held by an autograd node alone.
             gc.collect()
         self.budget.release_cache()
         self._note_other_device()
