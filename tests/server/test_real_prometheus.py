@@ -95,6 +95,10 @@ class Prometheus:
             with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as reply:
                 payload = json.load(reply)
         except urllib.error.HTTPError as error:
+            # Until its storage is open Prometheus answers every API call with a plain-text 503; the caller
+            # polling for readiness treats that like a refused connection (HTTPError is an OSError).
+            if error.code == 503:
+                raise
             payload = json.load(error)
         assert payload["status"] == "success", f"{path} {params}: {payload}"
         return payload["data"]
@@ -187,7 +191,7 @@ def prometheus(prometheus_bin: str, notebook: dict[str, Any], lab: LabServer,
         def every_target_scraped() -> bool:
             try:
                 targets = server.get("/api/v1/targets")["activeTargets"]
-            except OSError:  # not listening yet
+            except OSError:  # not listening yet, or listening but not ready (503)
                 return False
             return len(targets) == 4 and all(t["health"] != "unknown" for t in targets)
 
