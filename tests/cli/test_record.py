@@ -116,10 +116,17 @@ def test_the_simulated_no_driver_scenario_is_refused_too(tmp_path: Path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+# Starts `python -m jupyter_gpu ARGS` with Ctrl-C at its default, as a terminal does. A process started with SIGINT
+# ignored (a shell's background job, and every process under it) passes that on, and Python then never turns
+# Ctrl-C into KeyboardInterrupt: the recorder would run its full time (seen in a backgrounded clean-clone run).
+AS_FROM_A_TERMINAL = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                      "os.execv(sys.executable, [sys.executable, '-m', 'jupyter_gpu', *sys.argv[1:]])")
+
+
 def test_ctrl_c_writes_what_was_recorded(tmp_path: Path):
     path = tmp_path / "cut.json"
     env = {**os.environ, BACKEND_ENV: "simulated:h200"}
-    with subprocess.Popen([sys.executable, "-m", "jupyter_gpu", "record", str(path), "--seconds", "60",
+    with subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, "record", str(path), "--seconds", "60",
                            "--interval", "0.1"], env=env, stderr=subprocess.PIPE, text=True) as process:
         assert process.stderr is not None
         progress = 0
