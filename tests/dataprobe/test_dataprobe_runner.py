@@ -98,6 +98,7 @@ def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
     assert not any(trial.settings.pin_memory for trial in result.trials)  # pinning is for a GPU step
 
 
+@pytest.mark.timing  # a verdict from measured times: another test's load can tip it
 def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
     loader = loader_for_ratio(0.2, step_seconds=VERDICT_STEP_SECONDS, num_workers=1, persistent_workers=True)
     result = probe(loader, sleepy_step(VERDICT_STEP_SECONDS), workers=(0, 1, 2), seconds=4.0)
@@ -193,6 +194,7 @@ def test_model_optimizer_rngs_sampler_and_loader_come_back_exactly_and_no_worker
     assert {"model", "opt", "RNG", "sampler"} <= set(result.restored)
 
 
+@pytest.mark.timing  # a verdict from measured times: another test's load can tip it
 def test_probe_loader_for_scripts_names_the_step_and_returns_the_result():
     result = probe_loader(loader_for_ratio(2.0, step_seconds=STEP_SECONDS), sleepy_step(STEP_SECONDS),
                           workers=(0, 2), seconds=3.0)
