@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 
 from fake_machine import Machine
 
+from jupyter_gpu.batchprobe.budget import live_storages
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
 from jupyter_gpu.gpucheck.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.facts.gather import gather_facts
@@ -108,7 +109,6 @@ def lab_nodriver(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
-
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Freeze every object that exists once the tests are collected, so full collections and scans skip them.
 
@@ -121,10 +121,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """
     gc.collect()
     torch = sys.modules.get("torch")  # not imported: no tensor can exist
-    # type(), not isinstance(): isinstance reads __class__, and torch's deprecated module aliases warn on that.
-    tensors = [obj for obj in gc.get_objects() if torch and issubclass(type(obj), torch.Tensor)]
-    if tensors:
-        raise pytest.UsageError(f"{len(tensors)} tensor(s) exist after collection (module-level in a test file?); "
-                                "tests/conftest.py freezes what exists then, and the probes' scans would miss them: "
-                                "build them inside the test or fixture")
+    # The probes' own scan, so the check sees exactly what freezing would hide from them.
+    if torch is not None and next(live_storages(torch), None) is not None:
+        raise pytest.UsageError("a tensor exists after collection (module-level in a test file?); tests/conftest.py "
+                                "freezes what exists then, and the probes' scans would miss it: build it inside the "
+                                "test or fixture")
     gc.freeze()
