@@ -63,7 +63,7 @@ compile comes after the probe's and finds the kernels the probe compiled for the
 compile time is the smaller one.
 
 `--without-ticker` is a diagnostic, not a contestant: it replaces the probe's progress clock
-(`jupyter_gpu.batchprobe.ticker.Ticker.resume`, which the probe calls before every step) with a no-op for the whole
+(`jupyter_gpu.probekit.ticker.Ticker.resume`, which the probe calls before every step) with a no-op for the whole
 run, to show whether the progress line costs the timed steps anything. Before 1791022 it woke the clock's thread on
 every call, and that made the `tiny-mlp` baseline 1.55 times a plain loop's (median of 6 probes alternating with
 and without it in one process, each between two 200-step plain loops; 1.04 without it); since then 0.95 against
@@ -532,7 +532,7 @@ def prepare(args: argparse.Namespace, stack: contextlib.ExitStack) -> None:
     if hasattr(torch._dynamo.config, "recompile_limit"):
         torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
     if args.without_ticker:
-        from jupyter_gpu.batchprobe.ticker import Ticker
+        from jupyter_gpu.probekit.ticker import Ticker
 
         Ticker.resume = lambda self, text: None  # no thread started, nothing woken; the bench shows no progress
 

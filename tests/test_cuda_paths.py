@@ -13,13 +13,13 @@ import pytest
 import torch
 from fake_cuda import FakeCuda, FakeGpu, FakeStream, nvml_uuid
 
-from jupyter_gpu.batchprobe.state import TrainingObjects
 from jupyter_gpu.gputime.advice import timing_findings
 from jupyter_gpu.gputime.availability import GpuAvailability
-from jupyter_gpu.gputime.clock import DeviceClock, record_event
 from jupyter_gpu.gputime.opcount import OpCounter
 from jupyter_gpu.gputime.result import OpCounts
 from jupyter_gpu.kernel_torch import context_devices
+from jupyter_gpu.probekit.clock import DeviceClock, record_event
+from jupyter_gpu.probekit.training_state import TrainingObjects
 from jupyter_gpu.speedprobe.variants import StepSetting, why_not
 
 MIB = 1 << 20

@@ -20,10 +20,10 @@ another exception.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
+from jupyter_gpu.probekit.exceptions import exception_chain
 from jupyter_gpu.units import format_bytes
 
 # Our own memory budget (for CPU, MPS or XPU runs that pretend to be a smaller GPU) raises
@@ -126,27 +126,6 @@ def describe(failure: Failure) -> str:
     if failure.kind is FailureKind.SIZE_LIMIT:
         return f"{failure.kind} ({failure.flavour}), not memory: this batch size cannot run on this device"
     return f"{failure.kind} ({failure.flavour})"
-
-
-def exception_chain(error: BaseException, seen: set[int] | None = None) -> Iterator[BaseException]:
-    """The exception and everything reachable through `__cause__` and `__context__`, each once.
-
-    Depth first, cause before context. `raise X from oom` sets both to the same object; the seen-set both
-    drops that duplicate and stops on a cycle (an exception can end up in its own context). A context hidden
-    with `from None` is still walked: that only shortens the printout, the memory still ran out. Pass the
-    same `seen` to walk several chains without visiting a shared exception twice.
-    """
-    seen = set() if seen is None else seen
-    stack = [error]
-    while stack:
-        exception = stack.pop()
-        if id(exception) in seen:
-            continue
-        seen.add(id(exception))
-        yield exception
-        for linked in (exception.__context__, exception.__cause__):  # pushed in reverse: cause pops first
-            if linked is not None:
-                stack.append(linked)
 
 
 def _classify_one(exception: BaseException, chained: bool) -> Failure | None:

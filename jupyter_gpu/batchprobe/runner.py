@@ -19,7 +19,6 @@ from typing import Any
 from jupyter_gpu.batchprobe.budget import AllocatorBudget, Budget, BudgetError, TensorBudget
 from jupyter_gpu.batchprobe.holders import Holder, memory_holders
 from jupyter_gpu.batchprobe.oom import FailureKind, classify, describe
-from jupyter_gpu.batchprobe.release import release_last_error
 from jupyter_gpu.batchprobe.result import AMP_DTYPES, RECOMMEND, SEARCH, VERIFY, BatchProbeResult, Trial
 from jupyter_gpu.batchprobe.search import (
     BatchSizeSearch,
@@ -31,9 +30,10 @@ from jupyter_gpu.batchprobe.search import (
     recommended_size,
     throughput_knee,
 )
-from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
-from jupyter_gpu.batchprobe.ticker import Ticker
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.release import release_last_error
+from jupyter_gpu.probekit.ticker import Ticker
+from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
 
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that

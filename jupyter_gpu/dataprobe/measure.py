@@ -31,7 +31,7 @@ from jupyter_gpu.dataprobe.loaders import (
 )
 from jupyter_gpu.dataprobe.result import LOOP, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-from jupyter_gpu.gputime.clock import DeviceClock, record_event, step_device_index
+from jupyter_gpu.probekit.clock import DeviceClock, record_event, step_device_index
 
 MIN_BATCHES = 2  # a rate needs two batches; one may carry the epoch's start
 MIN_STEPS = 3

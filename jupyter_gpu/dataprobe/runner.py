@@ -14,8 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
-from jupyter_gpu.batchprobe.ticker import Ticker
 from jupyter_gpu.dataprobe import decide
 from jupyter_gpu.dataprobe.loaders import (
     LoaderError,
@@ -40,6 +38,8 @@ from jupyter_gpu.dataprobe.result import (
 )
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.ticker import Ticker
+from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
 
 DEFAULT_SECONDS = 60.0

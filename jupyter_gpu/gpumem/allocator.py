@@ -12,11 +12,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jupyter_gpu.batchprobe.budget import live_storages
 from jupyter_gpu.gpumem.result import DeviceLevel, DeviceTotals
 from jupyter_gpu.gpumem.walk import NotebookWalk
 from jupyter_gpu.kernel_torch import cuda_initialized, find_device, torch_uuid
 from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.probekit.storages import live_storages
 
 ALLOCATED = "allocated (torch.cuda.memory_allocated)"
 LIVE_CPU = "in live CPU storages Python can see"

@@ -11,7 +11,6 @@ import gc
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from jupyter_gpu.batchprobe.release import release_last_error
 from jupyter_gpu.gpumem.allocator import cuda_indices, levels
 from jupyter_gpu.gpumem.caches import is_lru_cache
 from jupyter_gpu.gpumem.result import KIND_RANK, DeviceLevel, FreeReport, StillHeld
@@ -19,6 +18,7 @@ from jupyter_gpu.gpumem.roots import OUTPUT, TRACEBACK, USER, forget_outputs
 from jupyter_gpu.gpumem.runner import GpuMemError, walk_notebook
 from jupyter_gpu.gpumem.walk import NotebookWalk
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
+from jupyter_gpu.probekit.release import release_last_error
 
 KEYWORDS = ("outputs", "traceback", "cache")
 CACHED_BLOCKS = ("the freed blocks stay in PyTorch's cache for the next allocation; %gpumem --free cache hands "

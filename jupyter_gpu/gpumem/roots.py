@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.batchprobe.release import last_error_frames
+from jupyter_gpu.probekit.release import last_error_frames
 
 USER = "user variable"
 OUTPUT = "output cache"

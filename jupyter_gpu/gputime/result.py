@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 from jupyter_gpu.gputime.ops import is_accelerator
 from jupyter_gpu.gputime.stats import TimingStats, summarize
 from jupyter_gpu.models import Finding, RichResult
+from jupyter_gpu.probekit.device_memory import DeviceMemory
 
 
 @dataclass(frozen=True)
@@ -46,24 +47,6 @@ class OpCounts:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """PyTorch's caching-allocator figures for one device over the whole magic."""
-
-    device: str
-    peak_allocated: int
-    peak_reserved: int
-    allocated_before: int
-    allocated_after: int
-
-    @property
-    def allocated_delta(self) -> int:
-        return self.allocated_after - self.allocated_before
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "allocated_delta": self.allocated_delta}
 
 
 @dataclass(frozen=True)

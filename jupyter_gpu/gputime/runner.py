@@ -12,7 +12,6 @@ from typing import Any
 from jupyter_gpu.gputime.advice import timing_findings
 from jupyter_gpu.gputime.availability import gpu_availability
 from jupyter_gpu.gputime.busy import BusyWatch
-from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX, CompiledCell
 from jupyter_gpu.gputime.opcount import OpCounter, counting_overhead_per_op
 from jupyter_gpu.gputime.ops import is_accelerator
@@ -20,6 +19,7 @@ from jupyter_gpu.gputime.result import GpuTimeResult, OpCounts
 from jupyter_gpu.gputime.stats import summarize
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch, torch_uuid
 from jupyter_gpu.metrics.hub import Lease
+from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.units import format_seconds
 
 DEFAULT_REPEAT = 7       # as `%timeit`

@@ -16,9 +16,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.gputime.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.gputime.opcount import OpCounter
 from jupyter_gpu.kernel_torch import handler_mode
+from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.speedprobe import variants
 from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
 from jupyter_gpu.speedprobe.variants import StepSetting

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
-from jupyter_gpu.batchprobe.ticker import Ticker
+from jupyter_gpu.probekit.ticker import Ticker
+from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 from jupyter_gpu.speedprobe import decide
 from jupyter_gpu.speedprobe.catalog import BY_NAME, FP32, OPTION_NAMES, CodeContext, loosest_format
 from jupyter_gpu.speedprobe.flags import GlobalFlags, conv_tf32_line

@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.batchprobe.state import TrainingObjects
+from jupyter_gpu.probekit.training_state import TrainingObjects
 from jupyter_gpu.speedprobe.flags import enable_tf32, tf32_enabled
 
 # The convolutions channels_last changes (4-D weights); cudnn.benchmark also tunes 1-D/3-D ones and RNNs.

@@ -11,8 +11,9 @@ import pytest
 import torch
 from fake_cuda import FakeCuda, FakeGpu
 
-from jupyter_gpu.batchprobe.budget import AllocatorBudget, TensorBudget, live_tensor_bytes
+from jupyter_gpu.batchprobe.budget import AllocatorBudget, TensorBudget
 from jupyter_gpu.batchprobe.oom import FailureKind, classify
+from jupyter_gpu.probekit.storages import live_tensor_bytes
 
 LOTS = 1 << 40  # a limit nothing here reaches
 

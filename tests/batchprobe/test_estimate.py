@@ -16,8 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from jupyter_gpu.batchprobe.budget import TensorBudget, live_tensor_bytes  # noqa: E402
+from jupyter_gpu.batchprobe.budget import TensorBudget  # noqa: E402
 from jupyter_gpu.batchprobe.estimate import EstimateError, MemoryEstimate, estimate_peaks  # noqa: E402
+from jupyter_gpu.probekit.storages import live_tensor_bytes  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -15,7 +15,7 @@ import torch
 from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 from jupyter_gpu.batchprobe.oom import FailureKind, classify
-from jupyter_gpu.batchprobe.release import clear_traceback_frames, release_last_error
+from jupyter_gpu.probekit.release import clear_traceback_frames, release_last_error
 
 SETUP = """
 import torch, weakref

@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-from jupyter_gpu.batchprobe.state import StateSnapshot, TrainingObjects, find_training_objects
+from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 
 Print = Any  # what _fingerprint records for one piece: ids, bytes and plain values, compared with ==
 
@@ -658,7 +658,7 @@ def test_finds_the_globals_the_step_names() -> None:
 def test_find_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from jupyter_gpu.batchprobe.state import find_training_objects\n"
+        "from jupyter_gpu.probekit.training_state import find_training_objects\n"
         "found = find_training_objects({'x': 1}, lambda batch_size: None)\n"
         "assert found.objects() == [] and 'torch' not in sys.modules, sys.modules.keys()\n"
     )

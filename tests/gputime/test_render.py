@@ -6,8 +6,9 @@ import pytest
 from timing_results import XSS, repeated, single
 
 from jupyter_gpu.gputime.render import render_html, render_text
-from jupyter_gpu.gputime.result import DeviceMemory, GpuBusy, GpuTimeResult, OpCounts
+from jupyter_gpu.gputime.result import GpuBusy, GpuTimeResult, OpCounts
 from jupyter_gpu.models import Finding
+from jupyter_gpu.probekit.device_memory import DeviceMemory
 
 
 def test_single_run_text() -> None:

@@ -257,7 +257,7 @@ def test_channels_last_with_a_fused_optimizer_after_training_agrees() -> None:
     before = state_of(training)
     result = probe(training, ("channels-last", "fused-optimizer"))
     assert_same_state(before, state_of(training))
-    from jupyter_gpu.batchprobe.state import StateSnapshot, find_training_objects
+    from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
     from jupyter_gpu.speedprobe.measure import StepRunner, relative_difference
     from jupyter_gpu.speedprobe.variants import StepSetting
 

@@ -33,8 +33,8 @@ def test_torchs_uuid_is_nvmls_without_its_prefix():
 
 
 def test_the_clock_times_work_on_the_current_stream_and_counts_side_streams():
-    from jupyter_gpu.gputime.clock import DeviceClock
     from jupyter_gpu.gputime.opcount import OpCounter
+    from jupyter_gpu.probekit.clock import DeviceClock
 
     x = torch.randn(4096, 4096, device="cuda")
     clock = DeviceClock(torch)
@@ -57,7 +57,7 @@ def test_a_cell_that_calls_set_device_is_timed_in_a_fresh_process():
     # Fresh process: the first CUDA use happens inside the timed cell, and set_device switches mid-cell.
     code = textwrap.dedent("""
         import torch
-        from jupyter_gpu.gputime.clock import DeviceClock
+        from jupyter_gpu.probekit.clock import DeviceClock
         torch.ones(1, device="cuda")
         def cell():
             torch.cuda.set_device(torch.cuda.device_count() - 1)

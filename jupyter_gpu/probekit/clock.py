@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jupyter_gpu.gputime.result import DeviceMemory
 from jupyter_gpu.kernel_torch import context_devices, cuda_initialized, loaded_torch
+from jupyter_gpu.probekit.device_memory import DeviceMemory
 
 
 def record_event(torch: Any, index: int) -> Any:

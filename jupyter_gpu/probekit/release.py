@@ -17,7 +17,7 @@ import sys
 from types import FrameType, TracebackType
 from typing import Any
 
-from jupyter_gpu.batchprobe.oom import exception_chain
+from jupyter_gpu.probekit.exceptions import exception_chain
 
 
 def release_last_error(shell: Any | None) -> int:
