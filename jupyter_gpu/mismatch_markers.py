@@ -1,6 +1,6 @@
 """How PyTorch words "tensors on two devices in one operation": one table for every feature that recognises it.
 
-The notebook facts gatherer (`gpucheck.facts.notebook`) reads it to decide that small tensors are worth naming
+The notebook facts gatherer (`facts.notebook`) reads it to decide that small tensors are worth naming
 after such an error, and the diagnosis (`gpucheck.diagnose.usage`) reads it to explain the error, so the two can
 never disagree on what counts as a device mismatch. Pure Python: messages are matched as text, never by
 importing torch. Each pattern captures the two devices as `a` and `b`, and the argument as `arg` where the

@@ -18,8 +18,8 @@ sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
 from fake_machine import Machine  # noqa: E402
 
-from jupyter_gpu.gpucheck.facts.gather import gather_facts  # noqa: E402
-from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts  # noqa: E402
+from jupyter_gpu.facts.gather import gather_facts  # noqa: E402
+from jupyter_gpu.facts.notebook import gather_notebook_facts  # noqa: E402
 
 TOO_OLD = ("CUDA initialization: The NVIDIA driver on your system is too old (found version 12080). Please update "
            "your GPU driver by downloading and installing a new version from the URL: "

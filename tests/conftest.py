@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 
 from fake_machine import Machine
 
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 from jupyter_gpu.probekit.storages import live_storages
 

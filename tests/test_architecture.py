@@ -55,7 +55,7 @@ OUTSIDE_WORLD = ["torch", "pynvml", "IPython", "ipywidgets", "tornado", "jupyter
 
 # Ring 2, the probe layer: the only code that touches torch, NVML, /proc and subprocesses. It serves surfaces
 # and must never reach up into one.
-PROBE_PREFIXES = ["jupyter_gpu.gpucheck.facts", "jupyter_gpu.metrics.backends.nvml",
+PROBE_PREFIXES = ["jupyter_gpu.facts", "jupyter_gpu.metrics.backends.nvml",
                   "jupyter_gpu.metrics.backends.simulated", "jupyter_gpu.metrics.backends.replay",
                   "jupyter_gpu.metrics.backends.claims", "jupyter_gpu.metrics.backends.select",
                   "jupyter_gpu.metrics.hub", "jupyter_gpu.server.processes", "jupyter_gpu.kernel_torch",

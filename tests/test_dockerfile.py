@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_gpu.cli import build_parser
-from jupyter_gpu.gpucheck.facts.context import DEFAULT_PROBE_TIMEOUT_S
+from jupyter_gpu.facts.context import DEFAULT_PROBE_TIMEOUT_S
 from jupyter_gpu.options import OptionsError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.notebook import IPYTHON_NAMES
+from jupyter_gpu.facts.notebook import IPYTHON_NAMES
 from jupyter_gpu.gpumem.roots import USER, Root, merge_aliases
 from jupyter_gpu.gpumem.walk import BUFFER, GRADIENT, GRAPH, OPTIMIZER_STATE, PARAMETER, NotebookWalk, name_order
 from jupyter_gpu.probekit.training_state import TrainingObjects

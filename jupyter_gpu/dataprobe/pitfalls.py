@@ -1,7 +1,7 @@
 """What `%dataprobe` checks before it starts any worker: the pitfalls of the settings its sweep would start.
 
-Probe ring: reads the user's DataLoader by its attributes (`gpucheck.facts.loader`), never iterates it, and reads
-/dev/shm and the hosting through the `ProbeContext` readers of `gpucheck.facts.system`. The rules themselves are
+Probe ring: reads the user's DataLoader by its attributes (`facts.loader`), never iterates it, and reads
+/dev/shm and the hosting through the `ProbeContext` readers of `facts.system`. The rules themselves are
 `%gpucheck`'s (`gpucheck.diagnose.worker_rules`), judged here on the largest worker count and prefetch the sweep
 plans, so a pitfall is named before the setting that would meet it runs.
 """
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpu.dataprobe.settings import LoaderSettings
+from jupyter_gpu.facts import system
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.loader import loader_facts, loader_types
 from jupyter_gpu.gpucheck.diagnose import worker_rules
-from jupyter_gpu.gpucheck.facts import system
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.loader import loader_facts, loader_types
 from jupyter_gpu.kernel_torch import loaded_torch
 from jupyter_gpu.models import Finding
 

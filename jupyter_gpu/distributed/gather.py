@@ -18,8 +18,8 @@ from jupyter_gpu.atomic_write import write_text_atomically
 from jupyter_gpu.distributed.host_facts import gather_host_facts
 from jupyter_gpu.distributed.launch_facts import gather_launch_facts
 from jupyter_gpu.distributed.nvml_topology import read_nvml_topology, topology_for_backend
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.probe import start_probe
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.probe import start_probe
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/distributed-facts"

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 
 # What torchrun sets in every rank (torch.distributed.run), in the order users read them.
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",

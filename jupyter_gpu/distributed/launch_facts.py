@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.notebook import IPYTHON_NAMES
+from jupyter_gpu.facts.notebook import IPYTHON_NAMES
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
 
 MAX_LISTED = 20  # names listed per kind: enough to recognise one's own code, few enough to read

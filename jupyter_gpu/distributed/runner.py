@@ -10,7 +10,7 @@ from typing import Any
 from jupyter_gpu.distributed.gather import gather_readiness, load_readiness, save_readiness
 from jupyter_gpu.distributed.report import ReadinessReport
 from jupyter_gpu.distributed.topology import Topology
-from jupyter_gpu.gpucheck.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
+from jupyter_gpu.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
 from jupyter_gpu.gpucheck.request import CheckRequest
 
 BENCH_TIMEOUT_S = 120.0

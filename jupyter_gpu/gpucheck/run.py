@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpu.gpucheck.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
-from jupyter_gpu.gpucheck.facts.gather import gather_facts, load_snapshot, save_snapshot
-from jupyter_gpu.gpucheck.facts.probe_cache import TorchProbeCache
+from jupyter_gpu.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
+from jupyter_gpu.facts.gather import gather_facts, load_snapshot, save_snapshot
+from jupyter_gpu.facts.probe_cache import TorchProbeCache
 from jupyter_gpu.gpucheck.request import CheckRequest
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 from jupyter_gpu.gpucheck.request import CheckRequest
 from jupyter_gpu.magics.activity import activity_for, close_activity
@@ -50,8 +50,8 @@ class GpuCheckMagics(Magics):
         options = parse_line("%gpucheck", check_parser("%gpucheck", magic=True), line, validate)
         if options.distributed:
             return self._distributed(options)
-        from jupyter_gpu.gpucheck.facts.activity import gather_activity
-        from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
+        from jupyter_gpu.facts.activity import gather_activity
+        from jupyter_gpu.facts.notebook import gather_notebook_facts
         from jupyter_gpu.gpucheck.run import run_check
 
         notebook = None

@@ -305,7 +305,7 @@ def small_shm_context(tmp_path: Path):
     """A machine root whose /dev/shm is a real 64 MiB tmpfs, Docker's default (skips where mount is refused)."""
     import subprocess
 
-    from jupyter_gpu.gpucheck.facts.context import ProbeContext
+    from jupyter_gpu.facts.context import ProbeContext
 
     target = tmp_path / "root" / "dev" / "shm"
     target.mkdir(parents=True)

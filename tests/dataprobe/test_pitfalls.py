@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from jupyter_gpu.dataprobe.pitfalls import check_pitfalls
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 
 MIB = 1 << 20
 SWEEP = [LoaderSettings(0), LoaderSettings(1), LoaderSettings(2)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from jupyter_gpu.distributed.host_facts import gather_host_facts, resolves, shared_memory_facts, variable_facts
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 
 
 def lay_out(root: Path, files: dict[str, str], folders: tuple[str, ...] = ()) -> Path:

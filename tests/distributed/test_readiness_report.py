@@ -14,7 +14,7 @@ from jupyter_gpu.distributed.host_facts import gather_host_facts
 from jupyter_gpu.distributed.launch_facts import gather_launch_facts
 from jupyter_gpu.distributed.nvml_topology import read_nvml_topology
 from jupyter_gpu.distributed.report import ReadinessReport
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 
 DOCKER_SHM = "shm /dev/shm tmpfs rw,nosuid,nodev,noexec,relatime,size=65536k,inode64 0 0\n"
 HOST_SHM = "tmpfs /dev/shm tmpfs rw,nosuid,nodev,size=65831068k 0 0\n"

@@ -113,8 +113,8 @@ def test_torch_crash_while_importing_is_caught(check_machine):
 
 
 def test_probe_timeout_is_a_finding_not_a_hang(lay_out):
+    from jupyter_gpu.facts.gather import gather_facts
     from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-    from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
     ctx = lay_out(Machine().nvidia_host().cuda_torch(hang_s=30), probe_timeout_s=1.5)
     report = diagnose(gather_facts(ctx))
@@ -504,8 +504,8 @@ def test_cuda_visible_devices_with_an_unknown_uuid_hides_every_gpu(check_machine
 def test_macos_snapshots(lay_out, machine_arch, mps, code, usable):
     """A Mac cannot be laid out under a Linux root (the platform comes from the running host), so these are
     snapshots as a Mac would save them: gathered for real with the stub torch, then stamped with macOS."""
+    from jupyter_gpu.facts.gather import gather_facts
     from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-    from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
     machine = Machine().cpu_torch("2.11.0")
     machine.torch["mps"] = mps
@@ -526,8 +526,8 @@ def test_stale_import_after_reinstall(lay_out):
 
     import torch
 
+    from jupyter_gpu.facts.gather import gather_facts
     from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-    from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
     ctx = lay_out(Machine().nvidia_host(cuda=13000).cuda_torch("2.13.0+cu130", "13.0"), modules=sys.modules)
     report = diagnose(gather_facts(ctx))
@@ -542,8 +542,8 @@ def test_cuda_visible_devices_changed_after_cuda_started(lay_out):
     torch is what this machine lacks, so the in-kernel module is a plain stand-in object)."""
     import types
 
+    from jupyter_gpu.facts.gather import gather_facts
     from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-    from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
     second = dict(H100, uuid="GPU-second")
     machine = Machine(env={"CUDA_VISIBLE_DEVICES": "0"}).nvidia_host(devices=[dict(H100), second])

@@ -13,8 +13,8 @@ import torch
 from fake_machine import Machine
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from jupyter_gpu.facts.notebook import gather_notebook_facts
 from jupyter_gpu.gpucheck.diagnose.usage import usage_findings
-from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
 
 DOCKER = {"/.dockerenv": ""}
 PODMAN = {"/run/.containerenv": ""}

@@ -10,8 +10,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from jupyter_gpu.gpucheck.facts.loader import LARGE_CONTAINER_ITEMS, loader_facts, loader_types
-from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
+from jupyter_gpu.facts.loader import LARGE_CONTAINER_ITEMS, loader_facts, loader_types
+from jupyter_gpu.facts.notebook import gather_notebook_facts
 
 TYPES = loader_types(torch)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from fake_machine import Machine
 
+from jupyter_gpu.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
 PID = 4242
 UUID_A = "1b2c3d4e-0000-1111-2222-333344445555"  # as torch prints it; NVML says GPU-<the same>

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from jupyter_gpu.facts.notebook import gather_notebook_facts
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
-from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts
 
 CPU_BUILD = not torch.backends.cuda.is_built()
 TOP_KEYS = {
@@ -329,7 +329,7 @@ def test_sync_debug_mode_is_read_only_once_cuda_is_initialised(monkeypatch):
 def test_gathering_without_torch_never_imports_it():
     code = (
         "import json, sys\n"
-        "from jupyter_gpu.gpucheck.facts.notebook import gather_notebook_facts\n"
+        "from jupyter_gpu.facts.notebook import gather_notebook_facts\n"
         "try:\n"
         "    raise RuntimeError('Torch not compiled with CUDA enabled')\n"
         "except RuntimeError as e:\n"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fake_machine import Machine
 
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
 SLOW_S = 1.0
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from fake_machine import Machine
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.probe_cache import cache_dir
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.probe_cache import cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
 

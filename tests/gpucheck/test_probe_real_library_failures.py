@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fake_machine import H100, Machine, nvml_gpu
 
-from jupyter_gpu.gpucheck.facts.gather import gather_facts
+from jupyter_gpu.facts.gather import gather_facts
 
 GIB = 1 << 30
 RTX_4090 = nvml_gpu("NVIDIA GeForce RTX 4090", "GPU-4090aaaa-0000-4111-8222-333344445555", (8, 9), 24 * GIB,

@@ -12,8 +12,8 @@ import pytest
 import torch
 from fake_machine import Machine
 
+from jupyter_gpu.facts.notebook import MAX_SMALL_TENSORS, gather_notebook_facts
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
-from jupyter_gpu.gpucheck.facts.notebook import MAX_SMALL_TENSORS, gather_notebook_facts
 from jupyter_gpu.mismatch_markers import find_device_mismatch
 
 CUDA_MISMATCH = (

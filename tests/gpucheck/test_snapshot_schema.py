@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from jupyter_gpu.facts.gather import SCHEMA_VERSION, load_snapshot
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-from jupyter_gpu.gpucheck.facts.gather import SCHEMA_VERSION, load_snapshot
 from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess, MigInstance
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "example_notebooks" / "snapshots" / "h100-notebook-audit.json"

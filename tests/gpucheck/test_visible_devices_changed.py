@@ -12,8 +12,8 @@ import types
 import pytest
 from fake_machine import H100, Machine, nvml_gpu
 
+from jupyter_gpu.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-from jupyter_gpu.gpucheck.facts.gather import gather_facts
 
 CODE = "CUDA_VISIBLE_DEVICES_CHANGED_AFTER_INIT"
 FIRST = dict(H100)  # GPU-1b2c3d4e-0000-1111-2222-333344445555

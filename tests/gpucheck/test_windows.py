@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from fake_machine import H100, Machine
 
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.gather import SCHEMA_NAME, SCHEMA_VERSION, gather_facts, load_snapshot
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.gather import SCHEMA_NAME, SCHEMA_VERSION, gather_facts, load_snapshot
 
 TRAIN = "C:\\Users\\ana\\envs\\train"
 WINDOWS_ENV = {

@@ -1,6 +1,6 @@
 """Usage rules: notebook facts -> findings (catalogue §3 D7-D9, F1-F5 and §6).
 
-Core ring: pure functions over the dict that `jupyter_gpu.gpucheck.facts.notebook.gather_notebook_facts` returns
+Core ring: pure functions over the dict that `jupyter_gpu.facts.notebook.gather_notebook_facts` returns
 (its docstring lists the keys), so a saved snapshot diagnoses exactly like the live kernel. No torch import.
 
 `gpu_kind` is the kind of GPU PyTorch can use in this kernel, as the environment diagnosis found it:

@@ -1,6 +1,6 @@
 """Worker rules: what goes wrong once a DataLoader starts worker processes, judged before any starts.
 
-Core ring: pure functions over the loader dicts `jupyter_gpu.gpucheck.facts.loader.loader_facts` returns (its
+Core ring: pure functions over the loader dicts `jupyter_gpu.facts.loader.loader_facts` returns (its
 docstring lists the keys). `%gpucheck` judges the notebook's loaders here (through `usage.usage_findings`) and
 `%dataprobe` judges the settings its sweep would start, so both name the same pitfalls with the same evidence.
 Keys added after a snapshot was saved are read with `.get()`: an older snapshot simply lacks their findings.

@@ -78,7 +78,7 @@ def test_the_command_runs_nccl_and_exits_0():
 def test_the_readiness_report_reads_the_real_nvml_topology_and_nccl():
     from jupyter_gpu.distributed.gather import gather_readiness
     from jupyter_gpu.distributed.report import ReadinessReport
-    from jupyter_gpu.gpucheck.facts.context import ProbeContext
+    from jupyter_gpu.facts.context import ProbeContext
 
     facts = gather_readiness(ProbeContext.from_environment(), user_ns={})
     assert facts["topology"]["status"] == "ok" and not facts["topology"]["simulated"]

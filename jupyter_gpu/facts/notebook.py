@@ -31,7 +31,7 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
     are there to explain that error, and other rules leave them out. The key is absent on every other tensor.
   - kind "optimizer" (`torch.optim.Optimizer`): `class`, `param_devices` (sorted), `state_devices` (sorted;
     0-dim state such as Adam's `step`, which PyTorch keeps on the CPU by design, is left out).
-  - kind "dataloader" (`torch.utils.data.DataLoader`): the keys `jupyter_gpu.gpucheck.facts.loader.loader_facts`
+  - kind "dataloader" (`torch.utils.data.DataLoader`): the keys `jupyter_gpu.facts.loader.loader_facts`
     lists (batch size, workers, start method, dataset class and length, prefetch, one sample's bytes, CUDA state,
     CUDA tensors and large Python containers in the dataset), read without iterating the loader.
   - kind "grad_scaler" (`torch.amp.GradScaler` / `torch.cuda.amp.GradScaler`: AMP in use): `class`, `enabled`.
@@ -48,8 +48,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.errors import describe_error, error_message, qualified_name
-from jupyter_gpu.gpucheck.facts.loader import loader_facts
+from jupyter_gpu.facts.errors import describe_error, error_message, qualified_name
+from jupyter_gpu.facts.loader import loader_facts
 from jupyter_gpu.kernel_torch import loaded_torch
 from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch
 

@@ -12,7 +12,7 @@ import platform
 import re
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 KERNEL_MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.errors import describe_error
+from jupyter_gpu.facts.errors import describe_error
 
 
 def gather_in_kernel(modules: Mapping[str, object]) -> dict[str, Any]:

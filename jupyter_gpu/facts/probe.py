@@ -15,15 +15,15 @@ import time
 from importlib import resources
 from typing import IO, Any
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.errors import describe_error
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.errors import describe_error
 
 MARKER = "@@JUPYTER_GPU_PROBE@@"
 BASE_SECTIONS = ("python", "install", "nvml")
 
 
 def probe_source() -> str:
-    return resources.files("jupyter_gpu.gpucheck.facts").joinpath("probe_script.py").read_text(encoding="utf-8")
+    return resources.files("jupyter_gpu.facts").joinpath("probe_script.py").read_text(encoding="utf-8")
 
 
 class ProbeHandle:

@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
+from jupyter_gpu.facts.context import ProbeContext
 
 CUDA_REQUIREMENT = re.compile(r"^Requires-Dist:\s*nvidia-[a-z0-9-]+-cu(\d+)\b", re.I | re.M)
 TORCH_DIST_INFO = re.compile(r"^torch-([^-]+)\.dist-info$")

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_gpu.atomic_write import write_text_atomically
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.probe import probe_source
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.probe import probe_source
 from jupyter_gpu.version import __version__
 
 CACHE_DIR_VARIABLE = "JUPYTER_GPU_CACHE_DIR"

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from jupyter_gpu.gpucheck.facts.context import ProbeContext
-from jupyter_gpu.gpucheck.facts.inkernel import gather_in_kernel
-from jupyter_gpu.gpucheck.facts.kernel import gather_kernel
-from jupyter_gpu.gpucheck.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
-from jupyter_gpu.gpucheck.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
-from jupyter_gpu.gpucheck.facts.system import gather_system
+from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.inkernel import gather_in_kernel
+from jupyter_gpu.facts.kernel import gather_kernel
+from jupyter_gpu.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
+from jupyter_gpu.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
+from jupyter_gpu.facts.system import gather_system
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"
