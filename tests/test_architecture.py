@@ -39,7 +39,7 @@ PURE = [
     "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
     "jupyter_gpu.speedprobe.decide", "jupyter_gpu.speedprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
-    "jupyter_gpu.gpucheck.paths", "jupyter_gpu.gputime.compiled",
+    "jupyter_gpu.snapshot_paths", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.gpumem", "jupyter_gpu.gpumem.result", "jupyter_gpu.gpumem.reconcile", "jupyter_gpu.gpumem.history",
     "jupyter_gpu.gpumem.render", "jupyter_gpu.gpumem.collector",
     "jupyter_gpu.distributed", "jupyter_gpu.distributed.links", "jupyter_gpu.distributed.readiness",
@@ -246,3 +246,4 @@ def test_every_result_names_a_renderer_module_that_renders_it() -> None:
         module = importlib.import_module(renderer)
         assert callable(module.render_text) and callable(module.render_html)
         assert not within(renderer, PROBE_PREFIXES + SURFACE_PREFIXES)
+

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
-from jupyter_gpu.gpucheck.paths import PathFlavour, flavour_of_snapshot
+from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_snapshot
 
 ERROR_NUMBER = re.compile(r"Error (\d+)")
 FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
