@@ -247,3 +247,68 @@ def test_every_result_names_a_renderer_module_that_renders_it() -> None:
         assert callable(module.render_text) and callable(module.render_html)
         assert not within(renderer, PROBE_PREFIXES + SURFACE_PREFIXES)
 
+
+# The rooms: each package directly under jupyter_gpu/. Shared rooms hold what several features use; surfaces show
+# features to the user. Every other room is a feature's, so a new feature's room is held to the rules below the
+# moment it exists.
+SHARED_ROOMS = {"probekit", "facts", "metrics"}
+SURFACE_ROOMS = {"magics", "widgets", "server", "autoload", "labextension"}
+
+
+def room(name: str) -> str | None:
+    """The room a module lives in; None for the package's top-level modules (shared by all)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else None
+
+
+def feature_rooms() -> set[str]:
+    return {r for name in modules() if (r := room(name)) and r not in SHARED_ROOMS | SURFACE_ROOMS}
+
+
+def room_edges() -> dict[str, set[str]]:
+    """Feature room -> the other feature rooms its modules import."""
+    features = feature_rooms()
+    edges: dict[str, set[str]] = {r: set() for r in features}
+    for name, targets in graph().items():
+        if room(name) in features:
+            edges[room(name)].update(room(t) for t in targets if room(t) in features and room(t) != room(name))
+    return edges
+
+
+def test_the_rooms_are_found_from_the_package() -> None:
+    assert {"gpucheck", "gputime", "batchprobe", "dataprobe", "speedprobe", "gpumem", "distributed"} <= feature_rooms()
+    assert not feature_rooms() & (SHARED_ROOMS | SURFACE_ROOMS)
+    assert all((PACKAGE / r).is_dir() for r in SHARED_ROOMS | SURFACE_ROOMS)
+    assert room("jupyter_gpu.units") is None and room("jupyter_gpu.probekit.clock") == "probekit"
+    assert room("jupyter_gpu.gpumem") == "gpumem"  # a room's own __init__
+
+
+def test_no_two_feature_rooms_import_each_other() -> None:
+    # Directly or round a longer loop: one feature can then be changed, moved or deleted without the other.
+    edges = room_edges()
+    assert cycles({r: frozenset(targets) for r, targets in edges.items()}) == []
+
+
+def test_what_three_features_share_lives_outside_every_features_room() -> None:
+    # A module that three feature rooms import (its own included) belongs to a shared room (probekit, facts,
+    # metrics) or the package's top level, not to whichever feature happened to write it first.
+    users: dict[str, set[str]] = {}
+    for name, targets in graph().items():
+        if room(name) in feature_rooms():
+            for target in targets:
+                users.setdefault(target, {room(target)}).add(room(name))
+    shared_by_three = {m: sorted(u) for m, u in users.items() if room(m) in feature_rooms() and len(u) >= 3}
+    assert shared_by_three == {}
+
+
+def test_shared_rooms_and_top_level_modules_import_no_feature_room() -> None:
+    # What features share must not reach back into one of them. The package's __init__ (its lazy public API),
+    # __main__, the CLI and `options` (every magic's parser, imported only by the magics and the CLI) are surfaces
+    # that name every feature by design.
+    features = feature_rooms()
+    surfaces = {"jupyter_gpu", "jupyter_gpu.__main__", "jupyter_gpu.cli", "jupyter_gpu.options"}
+    assert {name for name, targets in graph().items() if "jupyter_gpu.options" in targets
+            and room(name) not in SURFACE_ROOMS} <= surfaces
+    upward = {name: sorted(t for t in targets if room(t) in features) for name, targets in graph().items()
+              if (room(name) in SHARED_ROOMS or room(name) is None) and name not in surfaces}
+    assert {name: found for name, found in upward.items() if found} == {}
