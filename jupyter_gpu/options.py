@@ -380,3 +380,31 @@ def gpumem_parser(prog: str = "%gpumem") -> SentenceParser:
                              "history report)")
     parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
     return parser
+
+
+GPUPROFILE_VALUE_FLAGS = frozenset({"--steps", "--warmup", "--seconds"})
+
+
+def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False,
+                            usage="%%%%gpuprofile [options]  (on the training cell)  or  %%gpuprofile [options] "
+                                  "train_one_epoch(...)",
+                            description="Where each step of your own training loop goes, how far it is from the "
+                                        "device's limit, and what to fix first.")
+    parser.add_argument("--steps", type=_whole_number("--steps", 1), default=None, metavar="N",
+                        help="optimizer steps to profile after the warm-up (default 20)")
+    parser.add_argument("--warmup", type=_whole_number("--warmup", 0), default=5, metavar="K",
+                        help="steps run first and shown apart: compilation, autotuning, workers starting (default 5)")
+    parser.add_argument("--seconds", type=seconds_type("--seconds"), default=None, metavar="S",
+                        help="profile for S seconds after the warm-up instead of N steps")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep what the steps did to the model, optimizer and RNGs (default: put back bitwise)")
+    parser.add_argument("-o", dest="return_result", action="store_true",
+                        help="return the ProfileResult (.steps, .breakdown, .syncs, .flops, .mfu, .plan, ...)")
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    return parser
+
+
+def validate_gpuprofile(options: argparse.Namespace) -> None:
+    if options.steps is not None and options.seconds is not None:
+        raise OptionsError("--steps and --seconds both say when to stop; give one of them.")

@@ -10,8 +10,9 @@ if TYPE_CHECKING:
     from IPython.core.magic import Magics
 
 # What `%load_ext jupyter_gpu` registers and `%unload_ext` removes: only magics that exist.
-MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe", "gpupanel", "dataprobe", "speedprobe", "gpumem"],
-               "cell": ["gputime", "batchprobe"]}
+MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe", "gpupanel", "dataprobe", "speedprobe", "gpumem",
+                        "gpuprofile"],
+               "cell": ["gputime", "batchprobe", "gpuprofile"]}
 
 
 def magic_classes() -> list[type[Magics]]:
@@ -20,8 +21,9 @@ def magic_classes() -> list[type[Magics]]:
     from jupyter_gpu.magics.gpucheck import GpuCheckMagics
     from jupyter_gpu.magics.gpumem import GpuMemMagics
     from jupyter_gpu.magics.gpupanel import GpuPanelMagics
+    from jupyter_gpu.magics.gpuprofile import GpuProfileMagics
     from jupyter_gpu.magics.gputime import GpuTimeMagics
     from jupyter_gpu.magics.speedprobe import SpeedProbeMagics
 
     return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics, GpuPanelMagics, DataProbeMagics, SpeedProbeMagics,
-            GpuMemMagics]
+            GpuMemMagics, GpuProfileMagics]

@@ -1,0 +1,469 @@
+"""The hooks that watch the user's loop run, and stop it once enough steps were profiled.
+
+What is watched, and how (all of it removed again in `uninstall`, also after an error or Ctrl-C):
+- optimizer steps: torch's global optimizer-step pre and post hooks, so every optimizer counts, whatever its name;
+- DataLoader batches and the wait for them: `_BaseDataLoaderIter.__next__`, which every DataLoader iterator uses;
+- forward: torch's global module forward hooks, outermost module call only;
+- backward: `torch.autograd.backward` (which `Tensor.backward` calls) and `torch.autograd.grad`;
+- host reads of tensor values (syncs on a GPU): `.item()`, `.tolist()`, `.numpy()`, `.cpu()`, `.to("cpu")`,
+  `bool()`/`int()`/`float()`, printing or formatting a tensor, `nonzero`, `masked_select`, boolean-mask
+  indexing and `torch.cuda.synchronize()`, each tied to the user's line that made it;
+- host→device copies: `.to(...)` and `.cuda()` from a CPU tensor to a device;
+- garbage collection: `gc.callbacks`.
+
+Only the kernel's main thread is watched: DataLoader pin-memory threads and progress-bar threads run their own
+work. Nothing here initialises CUDA: events are recorded only once `torch.cuda.is_initialized()`.
+
+The cell is stopped by raising `StopProfile` (a BaseException, so a user's `except Exception` cannot swallow it)
+at the first step boundary after the last step needed: in the DataLoader's `next()` (nothing of the next step has
+started) or, for a loop without a DataLoader, in the next optimizer step's pre-hook (the step never begins).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import linecache
+import os
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpu.gpuprofile.result import BACKWARD, COPIES, DATA, FORWARD, GC, OPTIMIZER, SYNC
+from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
+from jupyter_gpu.kernel_torch import cuda_initialized
+
+OPTIMIZER_STEPS, BATCHES, ONE_RUN = "optimizer steps", "DataLoader batches", "one run of the cell"
+
+
+class StopProfile(BaseException):
+    """Raised at a step boundary once the profile has the steps it needs."""
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    warmup: int = 5
+    steps: int | None = 20           # profiled steps; None with `seconds`
+    seconds: float | None = None     # profile for this long instead
+    census: bool = True              # one more step, counted operator by operator
+
+
+@dataclass
+class SyncSite:
+    file: str
+    line: int
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+def _library_prefixes(torch: Any) -> tuple[str, ...]:
+    """Files that are not the user's code: the standard library, installed packages, torch and this package."""
+    paths = sysconfig.get_paths()
+    found = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # jupyter_gpu/
+    found.add(os.path.dirname(os.path.abspath(torch.__file__)))
+    return tuple(sorted(os.path.join(p, "") for p in found))
+
+
+class Instruments:
+    """Installs the hooks, keeps the timeline, decides the step boundaries and when to stop."""
+
+    def __init__(self, torch: Any, plan: ProfilePlan, on_step: Callable[[str], None] | None = None) -> None:
+        self.torch = torch
+        self.plan = plan
+        self.timeline = Timeline()
+        self.records: list[StepRecord] = []
+        self.census_record: StepRecord | None = None
+        self.census: Any = None
+        self.census_totals: Any = None
+        self.mode: str | None = None
+        self.lead_optimizer: int | None = None
+        self.optimizer_steps = 0
+        self.batches = 0
+        self.stop_pending = False
+        self.stopped = False
+        self.sites: dict[tuple[str, int], SyncSite] = {}
+        self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
+        self.samplers: list[Any] = []  # the index sampler of each DataLoader that yielded (names it afterwards)
+        self.last_batch: Any = None
+        self.batch_size: int | None = None
+        self.matmul_dtypes: dict[str, int] = {}
+        self.gpu_events: list[tuple[int, str, Any, Any]] = []  # (step index, bucket, start, end)
+        self._on_step = on_step
+        self._main = threading.get_ident()
+        self._forward_depth = 0
+        self._in_read = 0
+        self._undo: list[Callable[[], None]] = []
+        self._library = _library_prefixes(torch)
+        self._torch_dir = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "")
+        self._open_gpu: dict[str, Any] = {}
+        self._profiling_started: float | None = None
+
+    # -- installing ------------------------------------------------------------------------------------------
+    def install(self) -> None:
+        torch = self.torch
+        optim = importlib.import_module("torch.optim.optimizer")
+        module_hooks = importlib.import_module("torch.nn.modules.module")
+        loaders = importlib.import_module("torch.utils.data.dataloader")
+        for handle in (optim.register_optimizer_step_pre_hook(self._optimizer_pre),
+                       optim.register_optimizer_step_post_hook(self._optimizer_post),
+                       module_hooks.register_module_forward_pre_hook(self._forward_pre),
+                       module_hooks.register_module_forward_hook(self._forward_post, always_call=True)):
+            self._undo.append(handle.remove)
+        self._wrap(loaders._BaseDataLoaderIter, "__next__", self._next_wrapper)
+        self._wrap(torch.autograd, "backward", lambda original: self._phase_wrapper(original, BACKWARD))
+        self._wrap(torch.autograd, "grad", lambda original: self._phase_wrapper(original, BACKWARD))
+        tensor = torch.Tensor
+        for name, kind in ((".item()", "item"), (".tolist()", "tolist"), (".numpy()", "numpy"),
+                           ("bool(tensor)", "__bool__"), ("int(tensor)", "__int__"), ("float(tensor)", "__float__"),
+                           ("formatting a tensor", "__format__"), ("printing a tensor", "__repr__"),
+                           (".nonzero()", "nonzero")):
+            self._wrap(tensor, kind, lambda original, label=name: self._read_wrapper(original, label))
+        self._wrap(tensor, "cpu", lambda original: self._read_wrapper(original, ".cpu()", device_only=False))
+        self._wrap(tensor, "__getitem__", self._index_wrapper)
+        self._wrap(tensor, "to", self._to_wrapper)
+        self._wrap(tensor, "cuda", self._to_wrapper)
+        self._wrap(torch, "nonzero", lambda original: self._read_wrapper(original, "torch.nonzero"))
+        self._wrap(torch, "masked_select", lambda original: self._read_wrapper(original, "torch.masked_select"))
+        self._wrap(torch.cuda, "synchronize",
+                   lambda original: self._read_wrapper(original, "torch.cuda.synchronize()", tensor_arg=False))
+        gc.callbacks.append(self._gc_callback)
+        self._undo.append(lambda: gc.callbacks.remove(self._gc_callback))
+        self.timeline = Timeline()
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        if self.census is not None:
+            self._end_census()
+
+    def _wrap(self, owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
+        own = name in vars(owner)
+        original = vars(owner)[name] if own else getattr(owner, name)
+        setattr(owner, name, make(original))
+
+        def undo() -> None:
+            if own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # the attribute came from a base class (torch._C.TensorBase)
+        self._undo.append(undo)
+
+    # -- step boundaries -------------------------------------------------------------------------------------
+    def _boundary(self) -> None:
+        self._accept(self.timeline.boundary())
+
+    def _accept(self, record: StepRecord) -> None:
+        if self.census is not None:
+            self._end_census()
+            self.census_record = record
+            self.stop_pending = True
+            return
+        self.records.append(record)
+        warmup = self.plan.warmup
+        if len(self.records) == warmup:
+            self._profiling_started = time.perf_counter()
+        profiled = len(self.records) - warmup
+        if self._on_step is not None:
+            self._on_step(f"warm-up step {len(self.records)} of {warmup}" if profiled <= 0 else
+                          f"profiled step {profiled}" + (f" of {self.plan.steps}" if self.plan.steps else ""))
+        if profiled > 0 and self._enough(profiled):
+            if self.plan.census:
+                self._start_census()
+            else:
+                self.stop_pending = True
+
+    def _enough(self, profiled: int) -> bool:
+        if self.plan.seconds is not None:
+            return sum(r.seconds for r in self.records[self.plan.warmup:]) >= self.plan.seconds
+        return profiled >= (self.plan.steps or 0)
+
+    def finish(self) -> None:
+        """The cell ended by itself: a cell with no loop is one step; a loop's unfinished last step is dropped."""
+        if self.census is not None:
+            self._end_census()
+        if not self.records and self.mode is None:
+            self.mode = ONE_RUN
+            self.records.append(self.timeline.boundary())
+
+    def _start_census(self) -> None:
+        from jupyter_gpu.gpuprofile.census import make_census
+
+        self.census = make_census(self.torch, cuda_timing=cuda_initialized(self.torch),
+                                  counting=lambda: self.timeline.top() != DATA)
+        self.census.__enter__()
+
+    def _end_census(self) -> None:
+        census, self.census = self.census, None
+        census.__exit__(None, None, None)
+        if cuda_initialized(self.torch):
+            self.torch.cuda.synchronize()
+        self.census_totals = census.totals()
+
+    # -- optimizer -------------------------------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self._main:
+            return
+        if self.stop_pending and id(optimizer) == self.lead_optimizer:
+            self.stopped = True
+            raise StopProfile
+        self._enter_phase(OPTIMIZER)
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self._main:
+            return
+        self._leave_phase(OPTIMIZER)
+        self.optimizer_steps += 1
+        if self.lead_optimizer is None:
+            self.lead_optimizer = id(optimizer)
+            self.mode = OPTIMIZER_STEPS
+            if self.records:
+                # Batches were taken as steps until this first optimizer step (gradient accumulation): together
+                # they were one step, the first warm-up step.
+                merged = StepRecord()
+                for record in (*self.records, self.timeline.boundary()):
+                    _add_into(merged, record)
+                self.records = []
+                self._accept(merged)
+                return
+        if id(optimizer) == self.lead_optimizer:
+            self._boundary()
+
+    # -- DataLoader --------------------------------------------------------------------------------------------
+    def _next_wrapper(self, original: Any) -> Callable[..., Any]:
+        instruments = self
+
+        def __next__(iterator: Any) -> Any:
+            if threading.get_ident() != instruments._main:
+                return original(iterator)
+            if instruments.stop_pending:
+                instruments.stopped = True
+                raise StopProfile
+            if instruments.mode in (None, BATCHES) and instruments.lead_optimizer is None and instruments.batches:
+                instruments.mode = BATCHES
+                instruments._boundary()
+                if instruments.stop_pending:
+                    instruments.stopped = True
+                    raise StopProfile
+            caller = sys._getframe(1)
+            site = (caller.f_code.co_filename, caller.f_lineno)
+            instruments.loop_sites[site] = instruments.loop_sites.get(site, 0) + 1
+            instruments.timeline.enter(DATA)
+            try:
+                batch = original(iterator)
+            finally:
+                instruments.timeline.leave()
+            instruments.batches += 1
+            instruments.last_batch = batch
+            sampler = getattr(iterator, "_index_sampler", None)
+            if sampler is not None and not any(seen is sampler for seen in instruments.samplers):
+                instruments.samplers.append(sampler)
+            if instruments.batch_size is None:
+                instruments.batch_size = _batch_size(instruments.torch, batch)
+            return batch
+        return __next__
+
+    # -- forward / backward ------------------------------------------------------------------------------------
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if threading.get_ident() != self._main:
+            return
+        self.timeline.current.module_calls += 1
+        if self._forward_depth == 0:
+            self._enter_phase(FORWARD)
+        self._forward_depth += 1
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if threading.get_ident() != self._main or self._forward_depth == 0:
+            return
+        self._forward_depth -= 1
+        if self._forward_depth == 0:
+            self._leave_phase(FORWARD)
+
+    def _phase_wrapper(self, original: Any, bucket: str) -> Callable[..., Any]:
+        instruments = self
+
+        def phase(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != instruments._main:
+                return original(*args, **kwargs)
+            instruments._enter_phase(bucket)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                instruments._leave_phase(bucket)
+        phase.__wrapped__ = original  # type: ignore[attr-defined]
+        return phase
+
+    def _enter_phase(self, bucket: str) -> None:
+        self.timeline.enter(bucket)
+        if cuda_initialized(self.torch) and bucket not in self._open_gpu:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._open_gpu[bucket] = event
+
+    def _leave_phase(self, bucket: str) -> None:
+        self.timeline.leave()
+        start = self._open_gpu.pop(bucket, None)
+        if start is not None:
+            end = self.torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.gpu_events.append((len(self.records), bucket, start, end))
+
+    # -- reads of tensor values ----------------------------------------------------------------------------------
+    def _read_wrapper(self, original: Any, label: str, device_only: bool = False,
+                      tensor_arg: bool = True) -> Callable[..., Any]:
+        instruments = self
+
+        def read(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != instruments._main or instruments._in_read:
+                return original(*args, **kwargs)
+            site = instruments._read_site(args[0] if tensor_arg and args else None)
+            if site is None:
+                return original(*args, **kwargs)
+            instruments._in_read += 1
+            instruments.timeline.enter(SYNC)
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                instruments._count_read(site, label, time.perf_counter() - began)
+                instruments.timeline.leave()
+                instruments._in_read -= 1
+        read.__wrapped__ = original  # type: ignore[attr-defined]
+        return read
+
+    def _index_wrapper(self, original: Any) -> Callable[..., Any]:
+        instruments = self
+        tensor_type = self.torch.Tensor
+        boolean = self.torch.bool
+
+        def __getitem__(tensor: Any, index: Any) -> Any:
+            masks = index if isinstance(index, tuple) else (index,)
+            if (instruments._in_read or threading.get_ident() != instruments._main
+                    or not any(isinstance(m, tensor_type) and m.dtype == boolean for m in masks)):
+                return original(tensor, index)
+            return instruments._read_wrapper(original, "boolean mask")(tensor, index)
+        return __getitem__
+
+    def _read_site(self, tensor: Any) -> tuple[str, int] | None:
+        """The user's line behind a read, or None for a read torch makes of its own host-side values."""
+        caller = sys._getframe(2)
+        on_device = tensor is not None and isinstance(tensor, self.torch.Tensor) and tensor.device.type != "cpu"
+        if caller.f_code.co_filename.startswith(self._torch_dir) and not on_device:
+            return None  # e.g. Adam reading its CPU step counter: no wait on any device
+        frame: Any = caller
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith(self._library):
+                return filename, frame.f_lineno
+            frame = frame.f_back
+        return caller.f_code.co_filename, caller.f_lineno
+
+    def _count_read(self, site: tuple[str, int], label: str, seconds: float) -> None:
+        record = self.timeline.current
+        record.sync_calls[site] = record.sync_calls.get(site, 0) + 1
+        record.sync_seconds[site] = record.sync_seconds.get(site, 0.0) + seconds
+        entry = self.sites.setdefault(site, SyncSite(*site))
+        entry.kinds[label] = entry.kinds.get(label, 0) + 1
+
+    # -- copies ------------------------------------------------------------------------------------------------
+    def _to_wrapper(self, original: Any) -> Callable[..., Any]:
+        instruments = self
+
+        def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != instruments._main or instruments._in_read:
+                return original(tensor, *args, **kwargs)
+            timeline = instruments.timeline
+            timeline.enter(COPIES)
+            began = time.perf_counter()
+            moved = None
+            try:
+                moved = original(tensor, *args, **kwargs)
+                return moved
+            finally:
+                source = tensor.device.type
+                target = moved.device.type if moved is not None and hasattr(moved, "device") else source
+                if source == "cpu" and target != "cpu":
+                    record = timeline.current
+                    record.copies += 1
+                    record.copy_bytes += tensor.numel() * tensor.element_size()
+                    non_blocking = kwargs.get("non_blocking", next((a for a in args if isinstance(a, bool)), False))
+                    record.blocking_copies += 0 if non_blocking else 1
+                    record.pageable_copies += 0 if _is_pinned(tensor) else 1
+                    timeline.leave()
+                elif source != "cpu" and target == "cpu":
+                    site = instruments._read_site(tensor)
+                    if site is not None:
+                        instruments._count_read(site, ".to('cpu')", time.perf_counter() - began)
+                    timeline.leave(SYNC)
+                else:
+                    timeline.leave(merge=True)
+        to.__wrapped__ = original  # type: ignore[attr-defined]
+        return to
+
+    # -- garbage collection --------------------------------------------------------------------------------------
+    def _gc_callback(self, phase: str, info: dict[str, Any]) -> None:
+        if threading.get_ident() != self._main:
+            return
+        if phase == "start":
+            self.timeline.enter(GC)
+        elif self.timeline.top() == GC:
+            self.timeline.leave()
+
+    # -- afterwards --------------------------------------------------------------------------------------------
+    def sync_source(self, site: tuple[str, int]) -> str:
+        return linecache.getline(site[0], site[1]).strip()
+
+
+def _add_into(total: StepRecord, record: StepRecord) -> None:
+    total.seconds += record.seconds
+    for key, value in record.buckets.items():
+        total.buckets[key] = total.buckets.get(key, 0.0) + value
+    for site, calls in record.sync_calls.items():
+        total.sync_calls[site] = total.sync_calls.get(site, 0) + calls
+    for site, seconds in record.sync_seconds.items():
+        total.sync_seconds[site] = total.sync_seconds.get(site, 0.0) + seconds
+    total.copies += record.copies
+    total.copy_bytes += record.copy_bytes
+    total.pageable_copies += record.pageable_copies
+    total.blocking_copies += record.blocking_copies
+    total.events += record.events
+    total.module_calls += record.module_calls
+
+
+def _is_pinned(tensor: Any) -> bool:
+    try:
+        return bool(tensor.is_pinned())
+    except RuntimeError:
+        return False
+
+
+def loaders_seen(namespace: dict[str, Any], samplers: list[Any], loader_type: type) -> list[str]:
+    """The notebook's names for the DataLoaders that yielded batches. An iterator keeps no reference to its
+    loader, but it shares the loader's index sampler (`DataLoader._index_sampler`)."""
+    found = []
+    for name, value in namespace.items():
+        if isinstance(value, loader_type) and not name.startswith("_"):
+            try:
+                sampler = value._index_sampler
+            except AttributeError:
+                continue
+            if any(sampler is seen for seen in samplers):
+                found.append(name)
+    return found
+
+
+def _batch_size(torch: Any, batch: Any) -> int | None:
+    """Samples in a batch: dim 0 of its first tensor (a tensor, a tuple or list, or a dict of them)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            found = _batch_size(torch, item)
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,225 @@
+"""Ready steps: the body of the user's loop lifted into the step functions `%dataprobe`, `%speedprobe` and
+`%batchprobe` take, so the commands the profile prints work when pasted into the next cell.
+
+The loop is the innermost `for` whose `next()` the profile saw yield DataLoader batches. Its body becomes
+`profile_step(batch)` (one batch, as the loader yields it); `profile_train_step()` runs one optimizer step on the
+last batch the loop saw (`profile_batch`), as many batches as the loop accumulated gradients over; and
+`profile_sized_step(batch_size)` does the same on that batch resized. Where the body cannot be lifted (a
+`break`, a `return`, names that are a function's own variables, no source), the reason is given with the
+few-line wrapper to fill in. Pure Python: the code is built with `ast` and defined by the caller.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import linecache
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_gpu.gpuprofile.result import ReadyStep
+
+DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step", "profile_sized_step", "profile_batch"
+# Wrappers that yield what they wrap: `for x in tqdm(loader)`, `for i, x in enumerate(loader)`.
+_PASS_THROUGH = {"tqdm", "track", "trange", "iter"}
+
+
+@dataclass(frozen=True)
+class LoopSource:
+    """Where the profiled code lives: a cell's file as the line cache holds it, and the lines above its body
+    that are not Python (the `%%gpuprofile` line)."""
+
+    filename: str
+
+
+def _parse(filename: str) -> ast.Module | None:
+    lines = linecache.getlines(filename)
+    if not lines:
+        return None
+    # A cell's first line is the magic line (`%%gpuprofile --steps 10`): blanked, so line numbers stay.
+    text = "".join("\n" if line.lstrip().startswith("%") else line for line in lines)
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+def _innermost_loop(tree: ast.Module, lines: set[int]) -> ast.For | None:
+    found = [node for node in ast.walk(tree) if isinstance(node, ast.For) and node.lineno in lines]
+    return max(found, key=lambda node: node.lineno) if found else None
+
+
+def _name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None]:
+    """The batch target and the loop counter's name (from `enumerate`), through tqdm-like wrappers."""
+    target, iterable, counter = loop.target, loop.iter, None
+    while isinstance(iterable, ast.Call) and iterable.args:
+        called = _name(iterable.func)
+        if called == "enumerate" and isinstance(target, ast.Tuple) and len(target.elts) == 2 and counter is None:
+            if isinstance(target.elts[0], ast.Name):
+                counter = target.elts[0].id
+            target = target.elts[1]
+        elif called not in _PASS_THROUGH:
+            break
+        iterable = iterable.args[0]
+    return target, counter
+
+
+def _blocked(body: list[ast.stmt]) -> str | None:
+    """Why the body cannot run as a function body: a `break`/`continue` of this loop, a `return` or `yield`."""
+    def visit(node: ast.AST, in_loop: bool) -> str | None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return None
+        if isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
+            return f"a `{type(node).__name__.lower()}` at line {node.lineno} ends the loop itself"
+        if isinstance(node, ast.Return):
+            return f"a `return` at line {node.lineno}"
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return f"a `yield` at line {node.lineno}"
+        inner = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        for child in ast.iter_child_nodes(node):
+            if isinstance(node, (ast.For, ast.While)) and child in node.orelse:
+                found = visit(child, in_loop)
+            else:
+                found = visit(child, inner)
+            if found:
+                return found
+        return None
+    for statement in body:
+        found = visit(statement, False)
+        if found:
+            return found
+    return None
+
+
+def _stored(nodes: list[ast.stmt] | ast.expr) -> set[str]:
+    trees = nodes if isinstance(nodes, list) else [nodes]
+    return {n.id for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _loaded(nodes: list[ast.stmt]) -> set[str]:
+    return {n.id for tree in nodes for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
+    """Names whose first use in the body, in source order, reads them: the loop carries them across batches."""
+    names = sorted((n for tree in nodes for n in ast.walk(tree) if isinstance(n, ast.Name)),
+                   key=lambda n: (n.lineno, n.col_offset))
+    first: dict[str, ast.expr_context] = {}
+    for name in names:
+        first.setdefault(name.id, name.ctx)
+    stored = _stored(nodes)
+    return {name for name, ctx in first.items() if isinstance(ctx, ast.Load) and name in stored}
+
+
+def _augmented(nodes: list[ast.stmt]) -> set[str]:
+    return {n.target.id for tree in nodes for n in ast.walk(tree)
+            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+
+
+def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], namespace: Mapping[str, Any],
+                loaders: list[str], *, accumulation: int, batch: Any) -> tuple[list[ReadyStep], list[str]]:
+    """The ready steps (with their code), and the reason when there are none. `batch` is the last batch the loop
+    saw (None when it saw none)."""
+    loader = loaders[0] if loaders else "LOADER"
+    why = _why_not(source, loop_sites, batch)
+    if why is not None:
+        return _templates(loader, why), []
+    loop = None
+    # The profiled cell first, then the files the loop's next() was called from (a function defined elsewhere).
+    files = [source.filename] if source is not None else []
+    files += [file for (file, _), _ in sorted(loop_sites.items(), key=lambda item: -item[1])]
+    for filename in dict.fromkeys(files):
+        tree = _parse(filename)
+        loop = _innermost_loop(tree, {line for (file, line) in loop_sites if file == filename}) if tree else None
+        if loop is not None:
+            break
+    if loop is None:
+        return _templates(loader, "the loop over the DataLoader is not in the profiled code (it runs in a "
+                                  "function defined elsewhere)"), []
+    target, counter = _unwrap(loop)
+    blocked = _blocked(loop.body)
+    if blocked is not None:
+        return _templates(loader, blocked), []
+    known = set(namespace) | set(dir(builtins)) | _stored(loop.body) | _stored(target) | {counter}
+    missing = sorted(_loaded(loop.body) - known)
+    if missing:
+        return _templates(loader, f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
+                                  f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a function's own "
+                                  "variables?)"), []
+    code = _data_step_code(loop, target, counter, namespace)
+    return _lifted(loader, loop.lineno, accumulation, code, counter)
+
+
+def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], batch: Any) -> str | None:
+    if batch is None or not loop_sites:
+        return "the profile saw no DataLoader batch, so there is no loop body to lift"
+    return None
+
+
+def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namespace: Mapping[str, Any]) -> str:
+    body: list[ast.stmt] = []
+    # Names the body both reads and assigns (running_loss += ...) are the notebook's, as in the loop.
+    shared = sorted((_augmented(loop.body) | _read_before_written(loop.body)) & set(namespace)
+                    - _stored(target) - ({counter} if counter else set()))
+    if shared:
+        body.append(ast.Global(names=shared))
+    parameter = target.id if isinstance(target, ast.Name) else "batch"
+    if not isinstance(target, ast.Name):
+        body.append(ast.Assign(targets=[target], value=ast.Name(id="batch", ctx=ast.Load()), lineno=0))
+    if counter is not None and counter in _loaded(loop.body):
+        # The loop counter, counted per call as the loop counted it (logging, gradient accumulation).
+        calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
+        body.extend(calls)
+    body.extend(loop.body)
+    function = ast.FunctionDef(
+        name=DATA_STEP, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=parameter)], kwonlyargs=[],
+                                           kw_defaults=[], defaults=[]),
+        body=body, decorator_list=[], returns=None, type_params=[], lineno=0)
+    docstring = ast.Expr(ast.Constant(f"The loop body at line {loop.lineno}, one batch as the loader yields it "
+                                      "(lifted by %%gpuprofile)."))
+    function.body.insert(0, docstring)
+    text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[])))
+    return text + f"\n{DATA_STEP}.calls = 0\n"
+
+
+def _lifted(loader: str, line: int, accumulation: int, data_code: str, counter: str | None
+            ) -> tuple[list[ReadyStep], list[str]]:
+    repeat = f"for _ in range({accumulation}):  # batches per optimizer step in the loop\n        " \
+        if accumulation > 1 else ""
+    train_code = (f"def {TRAIN_STEP}():\n"
+                  f"    \"\"\"One optimizer step of the loop at line {line} on {BATCH}, the last batch it saw.\"\"\"\n"
+                  f"    {DATA_STEP}.calls = 0\n"
+                  f"    {repeat}{DATA_STEP}({BATCH})\n")
+    sized_code = (f"def {SIZED_STEP}(batch_size):\n"
+                  f"    \"\"\"{TRAIN_STEP} on {BATCH} resized to batch_size samples.\"\"\"\n"
+                  f"    from jupyter_gpu.gpuprofile.batches import resize_batch\n"
+                  f"    batch = resize_batch({BATCH}, batch_size)\n"
+                  f"    {DATA_STEP}.calls = 0\n"
+                  f"    {repeat}{DATA_STEP}(batch)\n")
+    steps = [ReadyStep("%dataprobe", DATA_STEP, f"%dataprobe {loader} --step {DATA_STEP}", data_code),
+             ReadyStep("%speedprobe", TRAIN_STEP, f"%speedprobe {TRAIN_STEP}", train_code),
+             ReadyStep("%batchprobe", SIZED_STEP, f"%batchprobe {SIZED_STEP}", sized_code)]
+    return steps, [DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH]
+
+
+def _templates(loader: str, reason: str) -> list[ReadyStep]:
+    return [
+        ReadyStep("%dataprobe", None, f"%dataprobe {loader} --step step",
+                  "def step(batch):\n    # one training step on `batch`, as the loader yields it:\n"
+                  "    # move it to the device, forward, loss, backward, optimizer step\n    ...\n", reason),
+        ReadyStep("%speedprobe", None, "%speedprobe train_step",
+                  "batch = next(iter(LOADER))\n\ndef train_step():\n    # one training step on `batch`: forward, "
+                  "loss, backward, optimizer step\n    ...\n    return loss\n", reason),
+        ReadyStep("%batchprobe", None, "%batchprobe sized_step",
+                  "def sized_step(batch_size):\n    # one training step on a batch of batch_size samples\n    ...\n",
+                  reason),
+    ]

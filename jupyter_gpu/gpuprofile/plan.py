@@ -1,0 +1,114 @@
+"""What to fix first: the causes the profile measured, ranked by the time each loses per step, each with its ceiling
+(the speed-up if that time went to zero) and the exact next thing to type. Pure Python.
+
+Thresholds are the ones users already know: the TensorBoard profiler flagged data loading above 5% of the step;
+below that, a fix cannot buy more than 5%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from jupyter_gpu.gpuprofile.result import COPIES, DATA, GC, OTHER, PlanItem, ProfileResult, ReadyStep
+from jupyter_gpu.units import format_seconds
+
+DATA_SHARE = 0.05
+COPY_SHARE = 0.02
+GC_SHARE = 0.02
+OTHER_SHARE = 0.10
+MEMORY_BOUND_SHARE = 0.30
+SMALL_MEMORY_SHARE = 0.5
+
+
+def speedup_ceiling(step: float, seconds: float) -> float | None:
+    """step / (step - seconds): the speed-up if `seconds` of each step went to zero."""
+    return step / (step - seconds) if 0 < seconds < step else None
+
+
+def _ready(result: ProfileResult, probe: str) -> ReadyStep | None:
+    return next((r for r in result.ready_steps if r.probe == probe), None)
+
+
+def _command(result: ProfileResult, probe: str, fallback: str) -> str:
+    ready = _ready(result, probe)
+    return ready.command if ready is not None and ready.name is not None else fallback
+
+
+def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | None) -> ProfileResult:
+    step = result.seconds
+    if not step:
+        return result
+    items: list[PlanItem] = []
+
+    def add(cause: str, seconds: float, command: str, detail: str = "") -> None:
+        items.append(PlanItem(cause=cause, seconds=seconds, ceiling=speedup_ceiling(step, seconds),
+                              command=command, detail=detail))
+
+    data = result.bucket(DATA)
+    if data is not None and data.share >= DATA_SHARE:
+        loader = loaders[0] if loaders else "LOADER"
+        add("waiting for data", data.seconds,
+            _command(result, "%dataprobe", f"%dataprobe {loader} --step STEP"),
+            "the host blocked in the DataLoader's next(): more workers, pinned memory or a lighter transform "
+            "(%dataprobe measures which)")
+    # On the CPU a read waits for nothing: its microseconds are the copy, not a stall, so it is not ranked by them.
+    timed_syncs = result.device.startswith("cuda")
+    for sync in result.syncs:
+        if timed_syncs:
+            add(f"sync at {sync.where}: {sync.source}", sync.seconds,
+                f"edit {sync.where}: keep the value on the device (e.g. accumulate loss.detach()) and read it "
+                "every N steps",
+                f"{', '.join(sync.kinds)}, {sync.per_step:g} per step")
+    copies = result.bucket(COPIES)
+    if copies is not None and copies.share >= COPY_SHARE and result.copies is not None and (
+            result.copies.pageable or result.copies.blocking):
+        add("host→device copies", copies.seconds,
+            "DataLoader(..., pin_memory=True) and .to(device, non_blocking=True)",
+            f"{result.copies.count:g} copies per step, {result.copies.pageable:g} from pageable memory, "
+            f"{result.copies.blocking:g} blocking")
+    compute = _compute_seconds(result)
+    if compute and result.flops and result.ceiling and result.ceiling.matmul_flops:
+        at_ceiling = result.flops / result.ceiling.matmul_flops
+        if compute > at_ceiling:
+            share = result.of_ceiling
+            add("compute below this device's matmul ceiling", compute - at_ceiling,
+                _command(result, "%speedprobe", "%speedprobe STEP"),
+                f"forward+backward+optimizer {format_seconds(compute)} per step at "
+                f"{share:.0%} of what a big {result.compute} matmul reaches here; mixed precision, channels_last, "
+                "fused optimizers and torch.compile are measured by %speedprobe" if share is not None else "")
+    if result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute:
+        add("memory-bound operators (fusion candidates)", compute * result.memory_bound_share,
+            "model = torch.compile(model)  (or %speedprobe STEP --try compile)",
+            f"{result.memory_bound_share:.0%} of operator time in operators below the ridge point")
+    gc_bucket = result.bucket(GC)
+    if gc_bucket is not None and gc_bucket.share >= GC_SHARE:
+        add("garbage collection pauses", gc_bucket.seconds,
+            "import gc; gc.freeze()  (after the model and data are built)",
+            "Python's cycle collector walked every object the notebook holds")
+    other = result.bucket(OTHER)
+    if other is not None and other.share >= OTHER_SHARE:
+        add("other host time", other.seconds, "log, print and update progress bars every N steps, not every step",
+            "Python between the phases: logging, metrics, progress bars, the loop itself")
+    items.sort(key=lambda item: -item.seconds)
+    if (total_memory and result.peak_memory is not None and result.peak_memory < SMALL_MEMORY_SHARE * total_memory):
+        items.append(PlanItem(cause="the step uses a small part of the GPU's memory", seconds=0.0, ceiling=None,
+                              command=_command(result, "%batchprobe", "%batchprobe STEP"),
+                              detail=f"peak {result.peak_memory / total_memory:.0%} of the device's memory: a "
+                                     "larger batch may raise throughput"))
+    for sync in result.syncs:
+        if not timed_syncs:
+            items.append(PlanItem(cause=f"sync at {sync.where}: {sync.source}", seconds=0.0, ceiling=None,
+                                  command=f"edit {sync.where}: keep the value on the device and read it every N steps",
+                                  detail=f"{', '.join(sync.kinds)}, {sync.per_step:g} per step; free on the CPU, "
+                                         "a wait for the GPU on CUDA"))
+    return replace(result, plan=items)
+
+
+def _compute_seconds(result: ProfileResult) -> float:
+    """Per-step time of forward, backward and optimizer: GPU time where CUDA events measured it, else host time."""
+    total = 0.0
+    for key in ("forward", "backward", "optimizer"):
+        bucket = result.bucket(key)
+        if bucket is not None:
+            total += bucket.gpu_seconds if bucket.gpu_seconds is not None else bucket.seconds
+    return total

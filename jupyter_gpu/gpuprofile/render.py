@@ -1,0 +1,231 @@
+"""Text and HTML renderings of a `ProfileResult`. Every value in the HTML is escaped.
+
+The verdict line comes first ("412 ms/step: 46% waiting for data, 18% in 3 syncs (line 14), MFU 12% of H200 bf16"),
+then the breakdown as a stacked bar per step, the ranked plan with the commands to type, the operators' roofline
+table, the ready steps, and what was not measured and why.
+"""
+
+from __future__ import annotations
+
+import statistics
+from html import escape
+
+from jupyter_gpu.gpuprofile.result import DATA, SYNC, Bucket, ProfileResult
+from jupyter_gpu.render_kit import rows_html, rows_text, table_text
+from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
+
+BAR_WIDTH = 50
+# One colour per bucket, the same in every bar: the eye follows "data" across steps.
+COLOURS = {"data": "#e53935", "copies": "#fb8c00", "forward": "#1e88e5", "backward": "#3949ab",
+           "optimizer": "#00897b", "sync": "#8e24aa", "gc": "#6d4c41", "other": "#9e9e9e"}
+LETTERS = {"data": "D", "copies": "C", "forward": "F", "backward": "B", "optimizer": "O", "sync": "S", "gc": "G",
+           "other": "."}
+OPERATOR_HEADINGS = ("operator", "calls", "time/step", "GFLOP", "MB moved", "FLOP/B", "bound")
+
+
+def verdict_line(result: ProfileResult) -> str:
+    if not result.step_seconds:
+        start = "gpuprofile: no step was profiled"
+        return start + (f" ({result.error})" if result.error else "")
+    parts = []
+    data = result.bucket(DATA)
+    if data is not None and data.share >= 0.01:
+        parts.append(f"{data.share:.0%} waiting for data")
+    sync = result.bucket(SYNC)
+    if result.syncs:
+        lines = ", ".join(s.where for s in result.syncs[:3])
+        share = f"{sync.share:.0%} in " if sync is not None and sync.share >= 0.01 else ""
+        count = sum(s.per_step for s in result.syncs)
+        parts.append(f"{share}{count:g} sync{'s' if count != 1 else ''}/step ({lines})")
+    if result.gpu_busy is not None:
+        parts.append(f"GPU busy {result.gpu_busy:.0%}")
+    if result.mfu is not None and result.ceiling is not None:
+        parts.append(f"MFU {result.mfu:.0%} of {result.ceiling.datasheet_name} {result.compute}")
+    elif result.of_ceiling is not None:
+        parts.append(f"{result.of_ceiling:.0%} of this {_device_word(result)}'s {result.compute} matmul ceiling")
+    if not parts:
+        biggest = max(result.breakdown, key=lambda b: b.seconds, default=None)
+        if biggest is not None:
+            parts.append(f"{biggest.share:.0%} {biggest.title}")
+    status = " (interrupted)" if result.interrupted else " (the cell raised)" if result.error else ""
+    return f"gpuprofile: {format_seconds(result.seconds)}/step{status}: " + ", ".join(parts)
+
+
+def _device_word(result: ProfileResult) -> str:
+    return "GPU" if result.device.startswith("cuda") else "CPU"
+
+
+def _facts(result: ProfileResult) -> list[tuple[str, str]]:
+    rows = [("device", f"{result.device} ({result.device_name})"),
+            ("counted", f"{result.steps} profiled {result.counted} after {len(result.warmup_seconds)} warm-up")]
+    if result.warmup_seconds and result.seconds:
+        extra = sum(result.warmup_seconds) - len(result.warmup_seconds) * result.seconds
+        rows.append(("one-time costs", f"{format_seconds(max(extra, 0.0))} in the warm-up steps (first step "
+                                       f"{format_seconds(result.warmup_seconds[0])}), where compilation, "
+                                       "autotuning, workers starting and the allocator growing land"))
+    if result.step_seconds:
+        fastest, slowest = min(result.step_seconds), max(result.step_seconds)
+        rows.append(("step", f"typical {format_seconds(result.seconds)} (median "
+                              f"{format_seconds(statistics.median(result.step_seconds))}), "
+                              f"{format_seconds(fastest)} - {format_seconds(slowest)}"))
+    if result.samples_per_second is not None:
+        rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s "
+                                   f"(batch of {result.batch_size})"))
+    if result.flops:
+        rows.append(("FLOPs", f"{result.flops / 1e9:,.3f} GFLOP per step (forward and backward, "
+                              f"torch.utils.flop_counter formulas), {result.compute}"))
+    if result.achieved_flops:
+        achieved = f"{result.achieved_flops / 1e12:.3g} TFLOP/s"
+        if result.mfu is not None and result.ceiling is not None:
+            achieved += (f"; MFU {result.mfu:.1%} of the {result.ceiling.datasheet_name} dense {result.compute} "
+                         f"peak ({result.ceiling.datasheet_flops / 1e12:g} TFLOP/s)")
+        rows.append(("achieved", achieved))
+    ceiling = result.ceiling
+    if ceiling is not None:
+        text = f"{ceiling.matmul_flops / 1e12:.3g} TFLOP/s on a big {ceiling.compute} matmul"
+        if ceiling.bandwidth:
+            text += f", {ceiling.bandwidth / 1e9:.3g} GB/s on a big copy"
+        if result.of_ceiling is not None:
+            text += f"; the step reaches {result.of_ceiling:.0%} of it"
+        rows.append(("measured ceiling", text + f" (measured in {format_seconds(ceiling.seconds)})"))
+    if result.copies is not None:
+        c = result.copies
+        rows.append(("host→device", f"{c.count:g} copies/step, {format_bytes(c.bytes)}/step, {c.pageable:g} from "
+                                    f"pageable memory, {c.blocking:g} blocking"))
+    if result.peak_memory is not None:
+        rows.append(("peak memory", format_bytes(result.peak_memory)))
+    if result.overhead_seconds is not None and result.seconds:
+        rows.append(("profiling cost", f"about {format_seconds(result.overhead_seconds)} per step "
+                                       f"({result.overhead_seconds / result.seconds:.1%}), measured: the hooks' cost "
+                                       "per call times the calls per step"))
+    return rows
+
+
+def _breakdown_rows(result: ProfileResult) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [("", "typical step", "share", "spread", "GPU time")]
+    for bucket in result.breakdown:
+        rows.append((bucket.title, format_seconds(bucket.seconds), f"{bucket.share:.0%}",
+                     f"{format_seconds(bucket.low)} - {format_seconds(bucket.high)}",
+                     format_seconds(bucket.gpu_seconds) if bucket.gpu_seconds is not None else ""))
+    return rows
+
+
+def _bar_text(buckets: list[Bucket]) -> str:
+    total = sum(b.seconds for b in buckets) or 1.0
+    cells = "".join(LETTERS[b.key] * round(BAR_WIDTH * b.seconds / total) for b in buckets)
+    legend = " ".join(f"{LETTERS[b.key]}={b.key}" for b in buckets if b.seconds)
+    return f"  [{cells:<{BAR_WIDTH}}]  {legend}"
+
+
+def _operator_rows(result: ProfileResult) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = [OPERATOR_HEADINGS]
+    for op in result.operators:
+        rows.append((op.name, format_count(op.calls), format_seconds(op.seconds), f"{op.flops / 1e9:.3g}",
+                     f"{op.bytes / 1e6:.3g}", f"{op.intensity:.3g}" if op.intensity is not None else "",
+                     op.bound or "?"))
+    return rows
+
+
+def render_text(result: ProfileResult) -> str:
+    lines = [verdict_line(result)]
+    if result.error:
+        lines.append(f"  the cell raised {result.error}; its traceback follows")
+    lines += [f"  {note}" for note in result.notes]
+    lines += rows_text(_facts(result))
+    if result.breakdown:
+        lines += ["", "Where each step goes (a typical step: the mean of the middle half of the profiled steps; "
+                      "the buckets add up to it):"]
+        lines.append(_bar_text(result.breakdown))
+        lines += table_text(_breakdown_rows(result), ("typical step", "share", "GPU time"))
+    if result.syncs:
+        lines += ["", "Syncs (the host read a tensor's value, so it waits for the device to catch up):"]
+        for sync in result.syncs:
+            lines.append(f"  {sync.where} `{sync.source}`: {', '.join(sync.kinds)}, {sync.per_step:g} per step, "
+                         f"{format_seconds(sync.seconds)}/step blocked")
+    if result.plan:
+        lines += ["", "What to fix first (time lost per step; the most that fixing it can buy):"]
+        for number, item in enumerate(result.plan, 1):
+            gain = f", up to {item.ceiling:.2f}x" if item.ceiling else ""
+            lines.append(f"  {number}. {item.cause} ({_lost(item.seconds)}{gain})")
+            if item.detail:
+                lines.append(f"     {item.detail}")
+            lines.append(f"     → {item.command}")
+    if result.operators:
+        share = "" if result.memory_bound_share is None else \
+            f"; {result.memory_bound_share:.0%} of operator time is memory-bound (candidates for torch.compile)"
+        lines += ["", f"Top operators over one counted step{share}:"]
+        lines += table_text(_operator_rows(result), OPERATOR_HEADINGS[1:6])
+    if result.ready_steps:
+        lines += ["", "Ready steps for the probes:"]
+        for ready in result.ready_steps:
+            if ready.name:
+                lines.append(f"  {ready.command}   ({ready.name} is defined in the notebook)")
+            else:
+                lines.append(f"  {ready.command}   (not lifted: {ready.reason}; define it first:)")
+                lines += [f"      {code_line}" for code_line in ready.code.splitlines()]
+    if result.not_measured:
+        lines += ["", "Not measured:"] + [f"  {item}" for item in result.not_measured]
+    return "\n".join(lines)
+
+
+def _bar_html(buckets: list[Bucket], steps: int) -> str:
+    total = sum(b.seconds for b in buckets) or 1.0
+    parts = "".join(
+        f'<span title="{escape(b.title)}: {escape(format_seconds(b.seconds))}" style="display:inline-block;'
+        f'height:1.1em;width:{100 * b.seconds / total:.2f}%;background:{COLOURS[b.key]}"></span>'
+        for b in buckets if b.seconds > 0)
+    legend = " ".join(f'<span style="color:{COLOURS[b.key]}">■</span> {escape(b.title)} {b.share:.0%}'
+                      for b in buckets if b.seconds > 0)
+    return (f'<div style="width:100%;max-width:48em;white-space:nowrap;overflow:hidden;border-radius:3px">{parts}'
+            f'</div><div style="font-size:.85em;opacity:.85">{legend}</div>')
+
+
+def _lost(seconds: float) -> str:
+    return f"{format_seconds(seconds)}/step" if seconds else "not timed"
+
+
+def _table_html(rows: list[tuple[str, ...]]) -> str:
+    head = "".join(f'<th style="text-align:left">{escape(cell)}</th>' for cell in rows[0])
+    body = "".join("<tr>" + "".join(f'<td style="text-align:left">{escape(cell)}</td>' for cell in row) + "</tr>"
+                   for row in rows[1:])
+    return f'<table style="font-size:.9em"><tr>{head}</tr>{body}</table>'
+
+
+def render_html(result: ProfileResult) -> str:
+    parts = [f"<div><b>{escape(verdict_line(result))}</b></div>"]
+    if result.error:
+        parts.append(f"<div>the cell raised <code>{escape(result.error)}</code>; its traceback follows</div>")
+    parts += [f"<div>{escape(note)}</div>" for note in result.notes]
+    parts.append(rows_html(_facts(result)))
+    if result.breakdown:
+        parts.append("<div><b>Where each step goes</b> (a typical step: the mean of the middle half of the "
+                     "profiled steps)</div>")
+        parts.append(_bar_html(result.breakdown, result.steps))
+        parts.append(_table_html(_breakdown_rows(result)))
+    if result.syncs:
+        items = "".join(f"<li>{escape(s.where)} <code>{escape(s.source)}</code>: {escape(', '.join(s.kinds))}, "
+                        f"{s.per_step:g} per step, {escape(format_seconds(s.seconds))}/step blocked</li>"
+                        for s in result.syncs)
+        parts.append(f"<div><b>Syncs</b></div><ul>{items}</ul>")
+    if result.plan:
+        items = "".join(
+            f"<li>{escape(item.cause)} ({escape(_lost(item.seconds))}"
+            f"{escape(f', up to {item.ceiling:.2f}x') if item.ceiling else ''})"
+            f"{'<br>' + escape(item.detail) if item.detail else ''}<br>→ <code>{escape(item.command)}</code></li>"
+            for item in result.plan)
+        parts.append(f"<div><b>What to fix first</b></div><ol>{items}</ol>")
+    if result.operators:
+        parts.append("<div><b>Top operators over one counted step</b></div>")
+        parts.append(_table_html(_operator_rows(result)))
+    if result.ready_steps:
+        items = "".join(
+            f"<li><code>{escape(r.command)}</code>" + (f" ({escape(r.name)} is defined)" if r.name else
+                                                       f" (not lifted: {escape(r.reason or '')})<pre>"
+                                                       f"{escape(r.code)}</pre>") + "</li>"
+            for r in result.ready_steps)
+        parts.append(f"<div><b>Ready steps</b></div><ul>{items}</ul>")
+    if result.not_measured:
+        items = "".join(f"<li>{escape(item)}</li>" for item in result.not_measured)
+        parts.append(f"<div><b>Not measured</b></div><ul>{items}</ul>")
+    return "\n".join(parts)
+

@@ -1,0 +1,242 @@
+"""`ProfileResult`: plain data about one `%%gpuprofile` run: where each step's time went, how far from the device's
+limit, and what to fix first. Pure Python."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from jupyter_gpu.models import RichResult
+
+
+def middle_half(values: list[float]) -> list[int]:
+    """Indices of the middle half of `values` by size (all of them below four values)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    cut = len(values) // 4
+    return order[cut:len(values) - cut] if len(values) >= 4 else order
+
+
+def typical(values: list[float]) -> float:
+    """The interquartile mean."""
+    chosen = middle_half(values)
+    return statistics.fmean(values[i] for i in chosen)
+
+
+# The buckets, in the order a step meets them; their per-step times add up to the step.
+DATA, COPIES, FORWARD, BACKWARD, OPTIMIZER, SYNC, GC, OTHER = (
+    "data", "copies", "forward", "backward", "optimizer", "sync", "gc", "other")
+BUCKETS = (DATA, COPIES, FORWARD, BACKWARD, OPTIMIZER, SYNC, GC, OTHER)
+BUCKET_TITLES = {DATA: "waiting for data", COPIES: "host→device copies", FORWARD: "forward",
+                 BACKWARD: "backward", OPTIMIZER: "optimizer step", SYNC: "syncs (host waits for the device)",
+                 GC: "garbage collection", OTHER: "other host time (Python, logging, metrics, progress bars)"}
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One kind of work: its seconds in a typical step, the spread over the profiled steps and its share of the step.
+
+    "Typical" is the interquartile mean: the mean over the middle half of the steps (ranked by step time), robust
+    to a stalled step like a median, and additive: the buckets' typical seconds add up to the typical step.
+    """
+
+    key: str
+    seconds: float
+    low: float
+    high: float
+    share: float                      # seconds / the typical step
+    gpu_seconds: float | None = None  # CUDA-event time of the phase's GPU work (forward, backward, optimizer)
+
+    @property
+    def title(self) -> str:
+        return BUCKET_TITLES[self.key]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "title": self.title}
+
+
+@dataclass(frozen=True)
+class Sync:
+    """A line of the user's code where the host read a tensor's value (and so waited for the device)."""
+
+    file: str
+    line: int
+    source: str               # the line's text, stripped
+    kinds: tuple[str, ...]    # what read it: ".item()", ".cpu()", "print(tensor)", "boolean mask", ...
+    per_step: float           # how many times per profiled step
+    seconds: float            # seconds per step blocked there (0 on the CPU, where a read waits for nothing)
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line}" if self.file.startswith("<") or "ipython-input" in self.file \
+            else f"{self.file}:{self.line}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "where": self.where}
+
+
+@dataclass(frozen=True)
+class Copies:
+    """Host→device copies per profiled step."""
+
+    count: float
+    bytes: float
+    pageable: float          # copies from pageable (not pinned) host memory
+    blocking: float          # copies made without non_blocking=True
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One aten operator over the census step: its time, FLOPs and bytes moved, and which limit it runs into."""
+
+    name: str
+    calls: int
+    seconds: float
+    flops: int
+    bytes: int
+    bound: str | None         # "compute" or "memory" against the ridge point; None when no ridge point is known
+
+    @property
+    def intensity(self) -> float | None:
+        return self.flops / self.bytes if self.bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "intensity": self.intensity}
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """What this device reaches on a big matmul and a big copy in the step's compute format, measured here."""
+
+    device: str
+    compute: str                   # fp32, tf32, bf16, fp16
+    matmul_flops: float            # FLOP/s of the matmul
+    bandwidth: float | None        # bytes/s of the copy (read + write)
+    seconds: float                 # what measuring it took
+    datasheet_name: str | None = None
+    datasheet_flops: float | None = None   # dense peak for `compute`, from gpuprofile.peaks
+    datasheet_bandwidth: float | None = None
+    datasheet_source: str | None = None
+
+    @property
+    def ridge_point(self) -> float | None:
+        """FLOPs per byte above which an operator is compute-bound: the datasheet's where known, else measured."""
+        if self.datasheet_flops and self.datasheet_bandwidth:
+            return self.datasheet_flops / self.datasheet_bandwidth
+        return self.matmul_flops / self.bandwidth if self.bandwidth else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ridge_point": self.ridge_point}
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """One cause, with the time it costs per step, the speed-up if that time went to zero, and what to type."""
+
+    cause: str
+    seconds: float                 # per step
+    ceiling: float | None          # step / (step - seconds): the most fixing it can buy
+    command: str                   # the exact next thing to type
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReadyStep:
+    """A step function the profile defined in the notebook for a probe, or the wrapper to fill in and why."""
+
+    probe: str                     # "%dataprobe", "%speedprobe", "%batchprobe"
+    name: str | None               # the name defined in the namespace; None when it could not be lifted
+    command: str                   # what to type next
+    code: str                      # the function's source (defined, or to fill in)
+    reason: str | None = None      # why it could not be lifted
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, repr=False)  # RichResult's short repr, not every field
+class ProfileResult(RichResult):
+    renderer: ClassVar[str] = "jupyter_gpu.gpuprofile.render"
+
+    device: str                                  # "cpu", "cuda:0"
+    device_name: str                             # "NVIDIA H200", or the CPU's model
+    counted: str                                 # "optimizer steps", "DataLoader batches", "one run of the cell"
+    step_seconds: list[float] = field(default_factory=list)     # each profiled step, wall time
+    warmup_seconds: list[float] = field(default_factory=list)   # each warm-up step
+    requested: int = 0                           # steps asked for (--steps); 0 with --seconds
+    breakdown: list[Bucket] = field(default_factory=list)
+    syncs: list[Sync] = field(default_factory=list)
+    copies: Copies | None = None
+    flops: int | None = None                     # per step, forward and backward together
+    compute: str = "fp32"                        # the format the step's matmuls ran in
+    ceiling: Ceiling | None = None
+    operators: list[Operator] = field(default_factory=list)
+    memory_bound_share: float | None = None      # share of the census step's operator time in memory-bound ops
+    plan: list[PlanItem] = field(default_factory=list)
+    ready_steps: list[ReadyStep] = field(default_factory=list)
+    gpu_busy: float | None = None                # share of the profiled steps the GPU ran kernels (CUDA only)
+    overhead_seconds: float | None = None        # instrumentation cost per step, measured
+    peak_memory: int | None = None               # bytes, over the profiled steps
+    batch_size: int | None = None                # samples per batch, where the batches told
+    not_measured: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    error: str | None = None                     # what the cell raised, as "Type: message"
+    applied: Any = None                          # --apply's before and after (not built yet: always None)
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_seconds)
+
+    @property
+    def seconds(self) -> float | None:
+        """The typical profiled step: the mean of the middle half of the steps (what the buckets add up to)."""
+        return typical(self.step_seconds) if self.step_seconds else None
+
+    @property
+    def achieved_flops(self) -> float | None:
+        return self.flops / self.seconds if self.flops and self.seconds else None
+
+    @property
+    def mfu(self) -> float | None:
+        """Achieved FLOP/s over the datasheet's dense peak for the compute format; None where no peak is known."""
+        achieved = self.achieved_flops
+        peak = self.ceiling.datasheet_flops if self.ceiling else None
+        return achieved / peak if achieved and peak else None
+
+    @property
+    def of_ceiling(self) -> float | None:
+        """Achieved FLOP/s over what this device reached on a big matmul in the same format."""
+        achieved = self.achieved_flops
+        return achieved / self.ceiling.matmul_flops if achieved and self.ceiling else None
+
+    @property
+    def samples_per_second(self) -> float | None:
+        return self.batch_size / self.seconds if self.batch_size and self.seconds else None
+
+    def bucket(self, key: str) -> Bucket | None:
+        return next((b for b in self.breakdown if b.key == key), None)
+
+    def summary(self) -> str:
+        from jupyter_gpu.gpuprofile.render import verdict_line
+
+        return verdict_line(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        plain = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        nested = ("breakdown", "syncs", "operators", "plan", "ready_steps")
+        out = {k: v for k, v in plain.items() if k not in (*nested, "copies", "ceiling", "applied")}
+        out.update({k: [item.to_dict() for item in plain[k]] for k in nested})
+        out["copies"] = self.copies.to_dict() if self.copies else None
+        out["ceiling"] = self.ceiling.to_dict() if self.ceiling else None
+        out["applied"] = None
+        out.update(steps=self.steps, seconds=self.seconds, achieved_flops=self.achieved_flops, mfu=self.mfu,
+                   of_ceiling=self.of_ceiling, samples_per_second=self.samples_per_second)
+        return out

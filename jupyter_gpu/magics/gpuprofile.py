@@ -1,0 +1,85 @@
+"""IPython glue for `%%gpuprofile` / `%gpuprofile`: parse, run the user's loop under the profile, display."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.display import display
+
+from jupyter_gpu.magics.progress import ProgressLine
+from jupyter_gpu.options import (
+    GPUPROFILE_VALUE_FLAGS,
+    OptionsError,
+    gpuprofile_parser,
+    help_from,
+    split_magic_line,
+    validate_gpuprofile,
+)
+
+
+@magics_class
+class GpuProfileMagics(Magics):
+    @line_cell_magic
+    @help_from(gpuprofile_parser)
+    def gpuprofile(self, line: str, cell: str | None = None) -> Any:
+        """Profile your own training loop as written: where each step's time goes (waiting for data, copies,
+        forward, backward, optimizer, each sync with its line, garbage collection, other host time), its FLOPs and
+        how far it is from this device's limit, and what to fix first, with the command to type.
+
+        Put %%gpuprofile on the training cell (nested epoch loops, logging, tqdm, schedulers, gradient
+        accumulation: whatever it holds), or use %gpuprofile train_one_epoch(...) for a function that trains.
+        Optimizer steps are counted through torch's global hooks (DataLoader batches when no optimizer steps);
+        K warm-up steps run first, then N are profiled, one more is counted operator by operator, and the cell is
+        stopped between two steps. The model, optimizer, scheduler, GradScaler, RNGs and global flags are put back
+        bitwise afterwards unless --keep. CUDA is never initialised unless the cell does it.
+        """
+        __tracebackhide__ = True  # an error in the cell shows the cell's lines
+        magic = "%%gpuprofile" if cell is not None else "%gpuprofile"
+        try:
+            tokens, statement = split_magic_line(line, GPUPROFILE_VALUE_FLAGS)
+            options = gpuprofile_parser(magic).parse_args(tokens)
+            validate_gpuprofile(options)
+        except OptionsError as exc:
+            raise UsageError(f"{magic}: {exc}") from None
+        if cell is not None and statement:
+            raise UsageError(f"%%gpuprofile takes only options on its first line, not {statement!r}; put the "
+                             "training loop in the cell body.")
+        if cell is None and not statement:
+            raise UsageError("%gpuprofile needs the function that trains, e.g. %gpuprofile train_one_epoch(model, "
+                             "loader); use %%gpuprofile on a cell that holds the loop.")
+        if cell is not None and not cell.strip():
+            raise UsageError("%%gpuprofile has an empty cell: there is no training loop to profile.")
+        from jupyter_gpu.gpuprofile.lift import LoopSource
+        from jupyter_gpu.gpuprofile.runner import DEFAULT_STEPS, GpuProfileError, ProfileRequest, profile_run
+        from jupyter_gpu.magics.cell import compile_cell
+
+        namespace = self.shell.user_ns
+        source = cell if cell is not None else statement
+        if cell is None and statement.isidentifier():
+            if not callable(namespace.get(statement)):
+                raise UsageError(f"%gpuprofile: there is no function {statement!r} in the notebook; define "
+                                 f"def {statement}(): ... (one epoch of training) first.")
+            source = f"{statement}()"
+        compiled = compile_cell(self.shell, source, header=f"%%gpuprofile {line}".rstrip() if cell else None)
+
+        def run() -> Any:
+            exec(compiled.body, namespace)
+            if compiled.last_expression is not None:
+                return eval(compiled.last_expression, namespace)
+            return None
+
+        request = ProfileRequest(steps=None if options.seconds is not None else options.steps or DEFAULT_STEPS,
+                                 warmup=options.warmup, seconds=options.seconds, keep=options.keep)
+        try:
+            profiled = profile_run(run, request, namespace=namespace, loop_source=LoopSource(compiled.filename),
+                                   progress=None if options.quiet else ProgressLine())
+        except GpuProfileError as exc:
+            raise UsageError(f"{magic}: {exc}") from None
+        # With -o the result is the cell's value (its Out): displaying it here too would show it twice.
+        if not options.quiet and not (options.return_result and profiled.error is None):
+            display(profiled.result)
+        if profiled.error is not None:
+            raise profiled.error  # the partial result is shown; the cell's own error, with its own traceback
+        return profiled.result if options.return_result else None
