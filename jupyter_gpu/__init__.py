@@ -11,8 +11,9 @@ from typing import Any
 from jupyter_gpu.version import __version__
 
 __all__ = ["AllReduceResult", "BatchProbeResult", "Comparison", "DataProbeResult", "GpuCheckReport", "GpuTimeResult",
-           "GpuUnavailableError", "MemoryMap", "ReadinessReport", "SpeedProbeResult", "__version__", "compare",
-           "memory_map", "probe_batch_size", "probe_loader", "probe_speed", "require_gpu", "run_allreduce"]
+           "GpuUnavailableError", "MemoryMap", "ProfileResult", "ReadinessReport", "SpeedProbeResult", "__version__",
+           "compare", "memory_map", "probe_batch_size", "probe_loader", "probe_speed", "profile_training",
+           "require_gpu", "run_allreduce"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -73,6 +74,14 @@ def __getattr__(name: str) -> Any:
         from jupyter_gpu.distributed.report import ReadinessReport
 
         return ReadinessReport
+    if name == "profile_training":
+        from jupyter_gpu.gpuprofile.runner import profile_training
+
+        return profile_training
+    if name == "ProfileResult":
+        from jupyter_gpu.gpuprofile.result import ProfileResult
+
+        return ProfileResult
     if name == "GpuTimeResult":
         from jupyter_gpu.gputime.result import GpuTimeResult
 

@@ -35,6 +35,9 @@ PURE = [
     "jupyter_gpu.batchprobe.render", "jupyter_gpu.batchprobe.estimate_result", "jupyter_gpu.batchprobe.estimate_render",
     "jupyter_gpu.batchprobe.user_line", "jupyter_gpu.probekit.ticker", "jupyter_gpu.probekit",
     "jupyter_gpu.probekit.exceptions", "jupyter_gpu.probekit.device_memory",
+    "jupyter_gpu.gpuprofile", "jupyter_gpu.gpuprofile.peaks", "jupyter_gpu.gpuprofile.result",
+    "jupyter_gpu.gpuprofile.timeline", "jupyter_gpu.gpuprofile.plan", "jupyter_gpu.gpuprofile.lift",
+    "jupyter_gpu.gpuprofile.render",
     "jupyter_gpu.dataprobe", "jupyter_gpu.dataprobe.settings", "jupyter_gpu.dataprobe.result",
     "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
@@ -74,7 +77,9 @@ PROBE_PREFIXES = ["jupyter_gpu.facts", "jupyter_gpu.metrics.backends.nvml",
                   "jupyter_gpu.distributed.launch_facts", "jupyter_gpu.distributed.gather",
                   "jupyter_gpu.distributed.runner", "jupyter_gpu.distributed.nvml_topology",
                   "jupyter_gpu.distributed.simulated_topology",
-                  "jupyter_gpu.distributed.allreduce", "jupyter_gpu.distributed.allreduce_worker"]
+                  "jupyter_gpu.distributed.allreduce", "jupyter_gpu.distributed.allreduce_worker",
+                  "jupyter_gpu.gpuprofile.instrument", "jupyter_gpu.gpuprofile.census",
+                  "jupyter_gpu.gpuprofile.ceiling", "jupyter_gpu.gpuprofile.batches", "jupyter_gpu.gpuprofile.runner"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

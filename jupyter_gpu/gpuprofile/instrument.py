@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import linecache
 import os
 import sys
@@ -248,8 +249,9 @@ class Instruments:
                 if instruments.stop_pending:
                     instruments.stopped = True
                     raise StopProfile
-            caller = sys._getframe(1)
-            site = (caller.f_code.co_filename, caller.f_lineno)
+            # The user's `for` line: through tqdm (a library) and through generators that wrap the loader.
+            frame = instruments._user_frame(sys._getframe(1), skip_generators=True)
+            site = (frame.f_code.co_filename, frame.f_lineno)
             instruments.loop_sites[site] = instruments.loop_sites.get(site, 0) + 1
             instruments.timeline.enter(DATA)
             try:
@@ -353,13 +355,19 @@ class Instruments:
         on_device = tensor is not None and isinstance(tensor, self.torch.Tensor) and tensor.device.type != "cpu"
         if caller.f_code.co_filename.startswith(self._torch_dir) and not on_device:
             return None  # e.g. Adam reading its CPU step counter: no wait on any device
-        frame: Any = caller
+        frame = self._user_frame(caller)
+        return frame.f_code.co_filename, frame.f_lineno
+
+    def _user_frame(self, start: Any, skip_generators: bool = False) -> Any:
+        """The first frame from `start` outwards in the user's code (not a library's); `start` if there is none."""
+        frame = start
         while frame is not None:
-            filename = frame.f_code.co_filename
-            if not filename.startswith(self._library):
-                return filename, frame.f_lineno
+            code = frame.f_code
+            if not code.co_filename.startswith(self._library) and not (
+                    skip_generators and code.co_flags & inspect.CO_GENERATOR and frame.f_back is not None):
+                return frame
             frame = frame.f_back
-        return caller.f_code.co_filename, caller.f_lineno
+        return start
 
     def _count_read(self, site: tuple[str, int], label: str, seconds: float) -> None:
         record = self.timeline.current

@@ -224,11 +224,6 @@ class ProfileResult(RichResult):
     def bucket(self, key: str) -> Bucket | None:
         return next((b for b in self.breakdown if b.key == key), None)
 
-    def summary(self) -> str:
-        from jupyter_gpu.gpuprofile.render import verdict_line
-
-        return verdict_line(self)
-
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}
         nested = ("breakdown", "syncs", "operators", "plan", "ready_steps")

@@ -67,14 +67,34 @@ class Profiled:
     defined: list[str] = field(default_factory=list)  # names the profile defined in the namespace
 
 
+def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
+                     seconds: float | None = None, keep: bool = False, namespace: dict[str, Any] | None = None,
+                     **kwargs: Any) -> ProfileResult:
+    """Profile `fn(*args, **kwargs)`, a function that trains (e.g. one epoch), as `%gpuprofile` does, for scripts.
+
+    The model, optimizer, scheduler and scaler are found among the arguments and in `namespace` (by default the
+    function's module globals) and put back afterwards unless `keep`. The cell's error, if any, is raised after
+    the profile was taken; Ctrl-C raises KeyboardInterrupt.
+    """
+    request = ProfileRequest(steps=None if seconds is not None else steps, warmup=warmup, seconds=seconds, keep=keep)
+    where = namespace if namespace is not None else getattr(fn, "__globals__", {})
+    arguments = {f"argument {i}": value for i, value in enumerate(args)} | dict(kwargs)
+    profiled = profile_run(lambda: fn(*args, **kwargs), request, namespace=where, also=arguments)
+    if profiled.error is not None:
+        raise profiled.error
+    return profiled.result
+
+
 def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: dict[str, Any],
-                loop_source: lift.LoopSource | None = None, progress: Progress | None = None) -> Profiled:
-    """Run `run()` (the cell, or the user's training function) under the profile."""
+                loop_source: lift.LoopSource | None = None, progress: Progress | None = None,
+                also: dict[str, Any] | None = None) -> Profiled:
+    """Run `run()` (the cell, or the user's training function) under the profile. `also`: more places the training
+    objects may be (a function's arguments)."""
     try:
         import torch
     except ImportError:
         raise GpuProfileError("%%gpuprofile needs PyTorch, and torch is not installed in this kernel.") from None
-    objects = find_training_objects(namespace)
+    objects = find_training_objects({**namespace, **(also or {})})
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
     snapshot = None if request.keep else StateSnapshot.take(objects)
@@ -300,6 +320,8 @@ def _operators(totals: Any, ceiling: Ceiling | None) -> tuple[list[Operator], fl
     ridge = ceiling.ridge_point if ceiling else None
     found = []
     for name, count in totals.operators.items():
+        if not count.bytes and not count.flops:
+            continue  # views and metadata: nothing computed, nothing moved
         intensity = count.flops / count.bytes if count.bytes else None
         bound = None if ridge is None or intensity is None else ("compute" if intensity >= ridge else "memory")
         if ridge is not None and count.bytes and not count.flops:

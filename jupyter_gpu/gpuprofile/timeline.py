@@ -42,11 +42,13 @@ class Timeline:
 
     def _charge(self, now: float) -> None:
         elapsed = now - self._last
+        self._last = now
+        if elapsed <= 0:
+            return
         if self._stack:
             self._stack[-1][1] += elapsed
         else:
             self.current.buckets[OTHER] = self.current.buckets.get(OTHER, 0.0) + elapsed
-        self._last = now
 
     def enter(self, bucket: str) -> None:
         self._charge(self._clock())

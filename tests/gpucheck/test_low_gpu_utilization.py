@@ -48,7 +48,7 @@ def test_a_kernel_holding_the_gpu_that_barely_used_it_gets_a_warning(check_activ
     assert finding.severity == "warn"
     assert finding.headline.startswith("The GPU was busy 4% of the time during In [7] (30 s)")
     assert finding.evidence["gpus"] == ["GPU 0"]  # only the GPU NVML lists this kernel on, not the busy GPU 1
-    assert finding.fix[0].startswith("%%gputime")
+    assert finding.fix[0].startswith("%%gpuprofile") and finding.fix[1].startswith("%%gputime")
     assert "In [7], 30 s: GPU 0 busy 4% on average (30 readings)" in str(report)
 
 

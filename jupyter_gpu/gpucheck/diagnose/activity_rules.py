@@ -64,7 +64,7 @@ def low_utilization(cell: LastCell | None) -> list[Finding]:
                 "readings": cell.samples, "gpus": cell.devices}
     if cell.simulated:
         evidence["backend"] = "simulated"
-    fix = ["%%gputime the training cell: its operation counts say whether the work ran on the GPU at all",
-           "# the input pipeline: DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True)",
-           "# where the time goes: with torch.profiler.profile() as prof: ...; print(prof.key_averages().table())"]
+    fix = ["%%gpuprofile on the training cell: where each step's time goes (waiting for data, syncs with their "
+           "line, copies, compute) and what to fix first, with the command to type",
+           "%%gputime the training cell: its operation counts say whether the work ran on the GPU at all"]
     return [Finding("LOW_GPU_UTILIZATION", "warn", headline, evidence=evidence, fix=fix, layer=LAYER_USAGE)]

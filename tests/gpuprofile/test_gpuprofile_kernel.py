@@ -1,0 +1,70 @@
+"""Ctrl-C during `%%gpuprofile` in a real ipykernel: the partial profile is shown, the model and optimizer are back,
+the DataLoader's worker processes are gone, and the kernel goes on."""
+
+from __future__ import annotations
+
+from jupyter_client.manager import start_new_kernel
+from kernel_messages import run
+
+SETUP = """
+%load_ext jupyter_gpu
+import multiprocessing, time, torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self): return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.02)  # a known cost: the loop is inside a step when Ctrl-C comes
+        return torch.zeros(8), i % 4
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+loader = DataLoader(Slow(), batch_size=4, num_workers=2)
+before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+"""
+LOOP = """%%gpuprofile --steps 500
+for epoch in range(10):
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+"""
+CHECK = """
+print("unchanged", all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items()))
+print("adam state", len(opt.state))
+deadline = time.time() + 10
+while multiprocessing.active_children() and time.time() < deadline:
+    time.sleep(0.1)
+print("workers", len(multiprocessing.active_children()))
+print("hooks", torch.Tensor.item.__qualname__, torch.autograd.backward.__module__)
+"""
+
+
+def test_ctrl_c_shows_the_partial_profile_puts_everything_back_and_stops_the_workers() -> None:
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        run(client, SETUP)
+        interrupted = {"sent": False}
+
+        def interrupt_while_profiling(message: dict) -> None:
+            data = message["content"].get("data", {}).get("text/plain", "")
+            if not interrupted["sent"] and "profiled step" in data:
+                manager.interrupt_kernel()
+                interrupted["sent"] = True
+
+        seen = run(client, LOOP, on_message=interrupt_while_profiling)
+        assert interrupted["sent"]
+        shown = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "display_data"
+                 and m["content"]["data"].get("text/plain", "").startswith("gpuprofile:")]
+        assert shown and "(interrupted)" in shown[-1] and "Interrupted after" in shown[-1]
+        errors = [m["content"]["ename"] for m in seen if m["msg_type"] == "error"]
+        assert errors == ["KeyboardInterrupt"]  # "Run all" stops here
+        output = "".join(m["content"].get("text", "") for m in run(client, CHECK) if m["msg_type"] == "stream")
+        assert "unchanged True" in output and "adam state 0" in output, output
+        assert "workers 0" in output, output
+        assert "hooks TensorBase.item torch.autograd" in output, output
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

@@ -1,0 +1,289 @@
+"""The pure parts of %%gpuprofile: the peak table, the step clock, lifting a loop body, the plan and the rendering."""
+
+from __future__ import annotations
+
+import ast
+import linecache
+from dataclasses import replace
+
+import pytest
+
+from jupyter_gpu.gpuprofile import lift
+from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
+from jupyter_gpu.gpuprofile.plan import speedup_ceiling, with_plan
+from jupyter_gpu.gpuprofile.render import render_html, render_text, verdict_line
+from jupyter_gpu.gpuprofile.result import (
+    BACKWARD,
+    DATA,
+    FORWARD,
+    OPTIMIZER,
+    OTHER,
+    SYNC,
+    Bucket,
+    Ceiling,
+    ProfileResult,
+    Sync,
+    typical,
+)
+from jupyter_gpu.gpuprofile.timeline import Timeline
+
+# -- the peak table ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("device_name", "row"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H200", "H200"),
+    ("NVIDIA B200", "B200"), ("NVIDIA A100-SXM4-40GB", "A100 40GB"), ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"), ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"),
+    ("NVIDIA A10G", "A10G"), ("NVIDIA A10", "A10"), ("Tesla V100-SXM2-16GB", "V100"),
+    ("NVIDIA GeForce RTX 3090", "RTX 3090"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+])
+def test_each_gpu_users_train_on_finds_its_own_row(device_name: str, row: str) -> None:
+    peak = find_peak(device_name)
+    assert peak is not None and peak.name == row
+    assert peak.bandwidth_gbs > 0 and peak.source
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA GeForce RTX 4090 D", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA L40",
+                                         "NVIDIA GeForce GTX 1080", "AMD Instinct MI300X", "", None])
+def test_a_gpu_not_in_the_table_gets_no_peak_never_a_neighbours(device_name: str | None) -> None:
+    assert find_peak(device_name) is None
+
+
+def test_the_peak_follows_the_format_the_step_computes_in() -> None:
+    h200 = find_peak("NVIDIA H200")
+    assert h200 is not None
+    assert h200.peak_flops(BF16) == pytest.approx(989e12) and h200.peak_flops(FP32) == pytest.approx(67e12)
+    assert h200.peak_flops(TF32) == pytest.approx(494.5e12)
+    assert h200.ridge_point(BF16) == pytest.approx(989e12 / 4.8e12)
+    t4 = find_peak("Tesla T4")
+    assert t4 is not None and t4.peak_flops(BF16) is None and t4.peak_flops(FP16) == pytest.approx(65e12)
+
+
+# -- the step clock --------------------------------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_each_moment_goes_to_the_innermost_bucket_and_the_buckets_add_up() -> None:
+    clock = FakeClock()
+    timeline = Timeline(clock)
+    clock.now = 1.0                       # 1 s outside everything: other
+    timeline.enter(DATA)
+    clock.now = 4.0                       # 3 s waiting for data
+    timeline.leave()
+    timeline.enter(FORWARD)
+    clock.now = 5.0
+    timeline.enter(SYNC)                  # a .item() inside forward: 0.5 s of sync, not forward
+    clock.now = 5.5
+    timeline.leave()
+    clock.now = 6.0
+    timeline.leave()
+    timeline.enter("copies")              # a .to() that copied nothing: its time stays with what surrounds it
+    clock.now = 6.25
+    timeline.leave(merge=True)
+    clock.now = 7.0
+    step = timeline.boundary()
+    assert step.seconds == 7.0
+    assert step.buckets == {OTHER: 2.0, DATA: 3.0, FORWARD: 1.5, SYNC: 0.5}
+    assert sum(step.buckets.values()) == step.seconds
+
+
+def test_a_bucket_open_at_a_boundary_is_split_between_the_two_steps() -> None:
+    clock = FakeClock()
+    timeline = Timeline(clock)
+    timeline.enter(OPTIMIZER)
+    clock.now = 2.0
+    first = timeline.boundary()           # the optimizer's post-hook closes a step while nothing else is open
+    clock.now = 3.0
+    timeline.leave()
+    second = timeline.boundary()
+    assert first.buckets == {OPTIMIZER: 2.0} and second.buckets == {OPTIMIZER: 1.0}
+
+
+def test_a_typical_step_is_the_mean_of_the_middle_half() -> None:
+    assert typical([1.0, 2.0, 3.0, 100.0]) == 2.5  # the stalled step is left out, like a median would
+    assert typical([1.0, 3.0]) == 2.0
+
+
+# -- lifting the loop body --------------------------------------------------------------------------------------
+
+def cell(text: str) -> str:
+    """Register `text` as a cell file (as IPython does) and return its name."""
+    filename = f"<cell-{abs(hash(text))}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    return filename
+
+
+def lift_from(text: str, line: int, namespace: dict | None = None, accumulation: int = 1):
+    filename = cell(text)
+    return lift.ready_steps(lift.LoopSource(filename), {(filename, line): 25},
+                            namespace if namespace is not None else {"model": 1, "opt": 1, "loader": 1,
+                                                                      "loss_fn": 1, "device": 1},
+                            ["loader"], accumulation=accumulation, batch=object())
+
+
+ENUMERATE = """%%gpuprofile --steps 10
+for epoch in range(3):
+    running_loss = 0.0
+    for i, (x, y) in enumerate(tqdm(loader)):
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        running_loss += loss.item()
+        if i % 100 == 0:
+            print(f"{epoch} {i} {running_loss / (i + 1):.3f}")
+"""
+
+
+def test_an_enumerate_loop_is_lifted_with_its_counter_and_its_running_total() -> None:
+    steps, defined = lift_from(ENUMERATE, 4, {"model": 1, "opt": 1, "loader": 1, "loss_fn": 1, "device": 1,
+                                              "running_loss": 0.0, "epoch": 2})
+    assert defined == ["profile_step", "profile_train_step", "profile_sized_step", "profile_batch"]
+    data = steps[0]
+    assert data.command == "%dataprobe loader --step profile_step"
+    function = ast.parse(data.code).body[0]
+    assert isinstance(function, ast.FunctionDef) and function.name == "profile_step"
+    assert [a.arg for a in function.args.args] == ["batch"]
+    code = data.code
+    assert "global running_loss" in code          # carried across batches, as in the loop
+    assert "(x, y) = batch" in code or "x, y = batch" in code
+    assert "i = profile_step.calls" in code       # the counter counts calls, as the loop counted batches
+    assert "global loss" not in code              # assigned before it is read: local, freed after each call
+    assert [s.command for s in steps[1:]] == ["%speedprobe profile_train_step", "%batchprobe profile_sized_step"]
+
+
+def test_gradient_accumulation_makes_one_train_step_one_optimizer_step() -> None:
+    text = """for i, batch in enumerate(loader):
+    loss = model(batch).mean() / 4
+    loss.backward()
+    if (i + 1) % 4 == 0:
+        opt.step()
+        opt.zero_grad()
+"""
+    steps, _ = lift_from(text, 1, accumulation=4)
+    train = steps[1].code
+    assert "for _ in range(4):" in train and "profile_step.calls = 0" in train
+    namespace: dict = {}
+    exec(steps[0].code, namespace)                # it is valid Python that defines the function
+    assert callable(namespace["profile_step"])
+
+
+def test_dict_batches_keep_the_loop_target_as_the_parameter() -> None:
+    text = """for batch in loader:
+    out = model(batch["input_ids"], attention_mask=batch["attention_mask"])
+    out.loss.backward()
+    opt.step()
+"""
+    steps, _ = lift_from(text, 1)
+    function = ast.parse(steps[0].code).body[0]
+    assert isinstance(function, ast.FunctionDef) and [a.arg for a in function.args.args] == ["batch"]
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("for x, y in loader:\n    loss = model(x)\n    if loss < 0.1:\n        break\n    opt.step()\n", "`break`"),
+    ("def train():\n    for x in loader:\n        opt.step()\n        return\n", "`return`"),
+])
+def test_a_body_that_cannot_run_alone_gets_the_wrapper_and_the_reason(text: str, reason: str) -> None:
+    line = 1 if text.startswith("for") else 2
+    steps, defined = lift_from(text, line)
+    assert defined == []
+    assert all(step.name is None and reason in (step.reason or "") for step in steps)
+    assert "def step(batch):" in steps[0].code
+
+
+def test_a_function_s_own_variables_are_named_as_the_reason() -> None:
+    text = """def train_one_epoch(net, data, optimizer):
+    for x, y in data:
+        optimizer.zero_grad()
+        net(x).sum().backward()
+        optimizer.step()
+"""
+    steps, defined = lift_from(text, 2, {"loader": 1})
+    assert defined == [] and "`net`, `optimizer`" in (steps[0].reason or "")
+
+
+def test_no_batch_seen_means_nothing_to_lift() -> None:
+    steps, defined = lift.ready_steps(None, {}, {}, [], accumulation=1, batch=None)
+    assert defined == [] and "no DataLoader batch" in (steps[0].reason or "")
+
+
+# -- plan and rendering ------------------------------------------------------------------------------------------
+
+def profile(**changes) -> ProfileResult:
+    buckets = [Bucket(DATA, 0.046, 0.04, 0.05, 0.46), Bucket(FORWARD, 0.02, 0.02, 0.02, 0.2),
+               Bucket(BACKWARD, 0.02, 0.02, 0.02, 0.2), Bucket(OPTIMIZER, 0.004, 0.004, 0.004, 0.04),
+               Bucket(SYNC, 0.004, 0.004, 0.004, 0.04), Bucket(OTHER, 0.006, 0.006, 0.006, 0.06)]
+    base = ProfileResult(device="cuda:0", device_name="NVIDIA H200", counted="optimizer steps",
+                         step_seconds=[0.1] * 20, warmup_seconds=[1.0] * 5, requested=20, breakdown=buckets,
+                         syncs=[Sync("<ipython-input-3>", 14, "running_loss += loss.item()", (".item()",), 1.0,
+                                     0.004)],
+                         flops=int(4e12), compute="bf16",
+                         ceiling=Ceiling("cuda:0", "bf16", 800e12, 4e12, 0.3, "H200", 989e12, 4.8e12, "sheet"),
+                         batch_size=256)
+    return replace(base, **changes)
+
+
+def test_the_plan_ranks_causes_by_time_lost_with_their_ceilings_and_commands() -> None:
+    result = with_plan(profile(), loaders=["train_loader"], total_memory=None)
+    causes = [item.cause for item in result.plan]
+    assert causes[0] == "waiting for data"
+    assert result.plan[0].command == "%dataprobe train_loader --step STEP"
+    assert result.plan[0].ceiling == pytest.approx(0.1 / (0.1 - 0.046))
+    sync = next(item for item in result.plan if item.cause.startswith("sync at line 14"))
+    assert sync.seconds == pytest.approx(0.004) and "line 14" in sync.command
+    seconds = [item.seconds for item in result.plan if item.seconds]
+    assert seconds == sorted(seconds, reverse=True)
+
+
+def test_on_the_cpu_a_sync_is_listed_but_not_ranked_by_its_microseconds() -> None:
+    result = with_plan(profile(device="cpu", ceiling=None), loaders=[], total_memory=None)
+    sync = next(item for item in result.plan if item.cause.startswith("sync"))
+    assert sync.seconds == 0.0 and "free on the CPU" in sync.detail and result.plan[-1] is sync
+
+
+def test_a_small_memory_footprint_points_at_batchprobe() -> None:
+    result = with_plan(profile(peak_memory=10 * 2**30), loaders=[], total_memory=141 * 2**30)
+    assert any(item.command == "%batchprobe STEP" for item in result.plan)
+
+
+def test_speedup_ceiling() -> None:
+    assert speedup_ceiling(0.1, 0.05) == pytest.approx(2.0)
+    assert speedup_ceiling(0.1, 0.0) is None and speedup_ceiling(0.1, 0.2) is None
+
+
+def test_the_verdict_line_says_step_time_data_wait_syncs_and_mfu() -> None:
+    line = verdict_line(profile())
+    assert line.startswith("gpuprofile: 100 ms/step: 46% waiting for data, 4% in 1 sync/step (line 14)")
+    assert "MFU 4% of H200 bf16" in line  # 4e12 FLOPs / 0.1 s = 40 TFLOP/s of 989
+
+
+def test_mfu_is_against_the_datasheet_and_the_measured_ceiling_beside_it() -> None:
+    result = profile()
+    assert result.mfu == pytest.approx(40e12 / 989e12)
+    assert result.of_ceiling == pytest.approx(40e12 / 800e12)
+    assert result.samples_per_second == pytest.approx(2560)
+
+
+def test_the_text_and_html_renderings_show_the_same_facts_and_escape_the_code() -> None:
+    result = with_plan(profile(syncs=[Sync("<ipython-input-3>", 14, "print(x < y & z)", ("printing a tensor",), 1.0,
+                                           0.004)]), loaders=["loader"], total_memory=None)
+    text, html = render_text(result), render_html(result)
+    for shown in ("waiting for data", "46%", "%dataprobe loader --step STEP", "line 14"):
+        assert shown in text and shown in html
+    assert "print(x < y & z)" in text and "print(x &lt; y &amp; z)" in html and "x < y" not in html
+    assert repr(result).startswith("<ProfileResult: gpuprofile: 100 ms/step")
+
+
+def test_to_dict_is_plain_data() -> None:
+    import json
+
+    data = profile().to_dict()
+    assert json.loads(json.dumps(data))["syncs"][0]["line"] == 14
+    assert data["steps"] == 20 and data["mfu"] == pytest.approx(40e12 / 989e12)

@@ -1,0 +1,362 @@
+"""%%gpuprofile on real training loops, written the way tutorials write them, in a real IPython shell (CPU torch).
+
+Each loop is built in-tree with random weights. What a user would notice is checked: the steps counted, the sync
+lines, the FLOPs, the ready steps working, and everything the cell changed put back.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+MLP = """
+import torch, time
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+loss_fn = nn.CrossEntropyLoss()
+loader = DataLoader(TensorDataset(torch.randn(2048, 32), torch.randint(0, 10, (2048,))), batch_size=16,
+                    shuffle=True)
+"""
+
+TUTORIAL_LOOP = """%%gpuprofile -o -q
+for epoch in range(5):
+    running_loss = 0.0
+    for i, (inputs, labels) in enumerate(loader):
+        opt.zero_grad()
+        outputs = model(inputs)
+        loss = loss_fn(outputs, labels)
+        loss.backward()
+        opt.step()
+        scheduler.step()
+        running_loss += loss.item()
+        if i % 40 == 39:
+            print(f"[{epoch + 1}, {i + 1:5d}] loss: {running_loss / 40:.3f}")
+            running_loss = 0.0
+"""
+
+
+def state_of(ns: dict) -> dict:
+    return {"model": {k: v.clone() for k, v in ns["model"].state_dict().items()},
+            "opt": repr(ns["opt"].state_dict()), "scheduler": ns["scheduler"].state_dict(),
+            "rng": torch.get_rng_state().clone()}
+
+
+def same_state(before: dict, ns: dict) -> bool:
+    after = state_of(ns)
+    return (all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+            and before["opt"] == after["opt"] and before["scheduler"] == after["scheduler"]
+            and torch.equal(before["rng"], after["rng"]))
+
+
+def test_a_tutorial_loop_is_profiled_step_by_step_and_everything_is_put_back(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    ip.run_cell("opt.zero_grad(); loss_fn(model(torch.randn(4, 32)), torch.tensor([1, 2, 3, 4])).backward(); "
+                "opt.step(); opt.zero_grad()").raise_error()  # Adam has state before the profile
+    before = state_of(ip.user_ns)
+    run = ip.run_cell(TUTORIAL_LOOP)
+    run.raise_error()
+    result = run.result
+    assert result.counted == "optimizer steps"
+    assert result.steps == 20 and len(result.warmup_seconds) == 5
+    assert result.batch_size == 16
+    assert same_state(before, ip.user_ns)  # model, Adam moments, the scheduler, the RNG: bitwise
+    [sync] = result.syncs
+    assert (sync.line, sync.source, sync.per_step, sync.kinds) == (
+        11, "running_loss += loss.item()", 1.0, (".item()",))
+    keys = [bucket.key for bucket in result.breakdown]
+    assert keys[:4] == ["data", "forward", "backward", "optimizer"]
+    assert sum(b.seconds for b in result.breakdown) == pytest.approx(result.seconds, rel=0.05)
+    assert result.flops is not None and result.flops > 0 and result.compute == "fp32"
+    assert result.ceiling is not None and result.ceiling.matmul_flops > 1e9 and result.of_ceiling is not None
+    assert result.mfu is None  # a CPU has no datasheet peak
+    assert any("On the CPU" in line for line in result.not_measured)
+    assert [r.name for r in result.ready_steps] == ["profile_step", "profile_train_step", "profile_sized_step"]
+    assert result.overhead_seconds is not None and result.overhead_seconds < result.seconds
+
+
+def test_the_ready_steps_run_one_batch_one_optimizer_step_and_a_resized_batch(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    ip.run_cell(TUTORIAL_LOOP).raise_error()
+    ns = ip.user_ns
+    assert ns["profile_batch"][0].shape == (16, 32)
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
+    try:
+        ip.run_cell("profile_train_step()").raise_error()
+        assert len(steps) == 1
+        ip.run_cell("profile_sized_step(40)").raise_error()
+        assert len(steps) == 2
+        ip.run_cell("profile_step(next(iter(loader)))").raise_error()
+        assert len(steps) == 3
+    finally:
+        handle.remove()
+    from jupyter_gpu.gpuprofile.batches import resize_batch
+
+    resized = resize_batch(ns["profile_batch"], 40)
+    assert resized[0].shape == (40, 32) and torch.equal(resized[0][16], ns["profile_batch"][0][0])
+
+
+def test_flops_are_counted_exactly_for_an_mlp(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                         "    loss_fn(model(x), y).backward()\n    opt.step()\n").result
+    first, second = 2 * 16 * 32 * 64, 2 * 16 * 64 * 10
+    # forward: both layers; backward: both weight gradients, and the input gradient of the second layer only
+    # (the first layer's input is the batch, which needs none).
+    assert result.flops == 2 * first + 3 * second
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, loss_fn = ip.user_ns["model"], ip.user_ns["loss_fn"]
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+    assert result.flops == counter.get_total_flops()
+    mm = {op.name: op for op in result.operators}
+    assert mm["addmm"].flops + mm["mm"].flops == result.flops and mm["addmm"].bytes > 0
+
+
+READS = """%%gpuprofile -o -q --steps 6 --warmup 2
+for x, y in loader:
+    opt.zero_grad()
+    out = model(x)
+    loss = loss_fn(out, y)
+    loss.backward()
+    opt.step()
+    seen = loss.item()
+    best = out.max().item()
+    host = out.cpu()
+    confident = out[out > 0.5]
+    print(loss)
+"""
+
+
+def test_every_host_read_is_found_with_its_line_and_count(ip, capsys) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell(READS).result
+    found = {(s.line, s.kinds): s.per_step for s in result.syncs}
+    assert found == {(8, (".item()",)): 1.0, (9, (".item()",)): 1.0, (10, (".cpu()",)): 1.0,
+                     (11, ("boolean mask",)): 1.0, (12, ("printing a tensor",)): 1.0}
+    assert all(s.source for s in result.syncs)
+
+
+ACCUMULATION = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+class Tokens(Dataset):
+    def __len__(self): return 512
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, 100, (12,), generator=g)
+        return {"input_ids": ids, "labels": torch.randint(0, 100, (12,), generator=g)}
+torch.manual_seed(0)
+layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, batch_first=True, dropout=0.0)
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.block, self.head = nn.Embedding(100, 32), layer, nn.Linear(32, 100)
+    def forward(self, ids):
+        return self.head(self.block(self.embed(ids)))
+model = TinyLM()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+loader = DataLoader(Tokens(), batch_size=8, shuffle=True)
+accum_steps = 4
+"""
+ACCUMULATION_LOOP = """%%gpuprofile -o -q --steps 4 --warmup 1
+model.train()
+for step, batch in enumerate(loader):
+    logits = model(batch["input_ids"])
+    loss = nn.functional.cross_entropy(logits.reshape(-1, 100), batch["labels"].reshape(-1)) / accum_steps
+    loss.backward()
+    if (step + 1) % accum_steps == 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_transformer_with_gradient_accumulation_and_dict_batches_counts_optimizer_steps(ip) -> None:
+    ip.run_cell(ACCUMULATION).raise_error()
+    before = {k: v.clone() for k, v in ip.user_ns["model"].state_dict().items()}
+    result = ip.run_cell(ACCUMULATION_LOOP).result
+    assert result.counted == "optimizer steps" and result.steps == 4
+    assert result.batch_size == 8
+    assert all(torch.equal(before[k], v) for k, v in ip.user_ns["model"].state_dict().items())
+    train = next(r for r in result.ready_steps if r.probe == "%speedprobe")
+    assert "range(4)" in train.code
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
+    try:
+        ip.run_cell("profile_train_step()").raise_error()
+    finally:
+        handle.remove()
+    assert steps == [1]  # four micro-batches, one optimizer step, as in the loop
+    # The linear layers alone (in_proj, out_proj, two feed-forward, head; every input gradient, since the
+    # embedding's output needs one) are 3 x 2 x 96 tokens x 11,392 weights; attention comes on top of that, counted
+    # on the CPU with torch's sdpa formula.
+    linears = 3 * 2 * 96 * (32 * 96 + 32 * 32 + 32 * 64 + 64 * 32 + 32 * 100)
+    assert result.flops is not None and result.flops > linears, (result.flops, linears)
+
+
+def test_an_evaluation_loop_counts_batches(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 5 --warmup 2\nmodel.eval()\ncorrect = 0\n"
+                         "with torch.no_grad():\n    for x, y in loader:\n"
+                         "        correct += (model(x).argmax(1) == y).sum().item()\n").result
+    assert result.counted == "DataLoader batches" and result.steps == 5
+    assert [s.line for s in result.syncs] == [6]
+    assert any("No optimizer step ran" in note for note in result.notes)
+
+
+def test_a_cell_without_a_loop_is_one_step(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q\nout = model(torch.randn(64, 32))\n").result
+    assert result.counted == "one run of the cell" and result.steps == 1
+    assert result.bucket("forward").seconds > 0
+
+
+def test_a_loop_with_a_break_is_profiled_and_says_why_its_step_is_not_lifted(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                         "    loss = loss_fn(model(x), y)\n    if loss < 0.01:\n        break\n"
+                         "    loss.backward()\n    opt.step()\n").result
+    assert result.steps == 3
+    assert all(r.name is None and "`break` at line 6" in r.reason for r in result.ready_steps)
+    assert "profile_step" not in ip.user_ns
+
+
+def test_a_short_cell_is_profiled_as_far_as_it_ran(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q\nfor i, (x, y) in enumerate(loader):\n    if i == 12:\n"
+                         "        break\n    opt.zero_grad()\n    loss_fn(model(x), y).backward()\n"
+                         "    opt.step()\n").result
+    assert result.steps == 7 and any("instead of 5 + 20" in note for note in result.notes)
+
+
+def test_a_cell_that_raises_shows_the_partial_profile_puts_state_back_and_re_raises(ip, capsys) -> None:
+    ip.run_cell(MLP).raise_error()
+    before = state_of(ip.user_ns)
+    run = ip.run_cell("%%gpuprofile --steps 50\nfor i, (x, y) in enumerate(loader):\n    opt.zero_grad()\n"
+                      "    loss_fn(model(x), y).backward()\n    opt.step()\n    scheduler.step()\n"
+                      "    if i == 9:\n        raise ValueError('diverged')\n")
+    assert isinstance(run.error_in_exec, ValueError) and str(run.error_in_exec) == "diverged"
+    shown = capsys.readouterr().out
+    assert "gpuprofile:" in shown and "the cell raised ValueError: diverged" in shown
+    assert "diverged" in shown and "line 8" in shown  # the cell's own traceback, with the cell's line
+    assert same_state(before, ip.user_ns)
+
+
+def test_keep_keeps_what_the_steps_did(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    before = state_of(ip.user_ns)
+    ip.run_cell("%%gpuprofile -q --keep --steps 2 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                "    loss_fn(model(x), y).backward()\n    opt.step()\n").raise_error()
+    assert not same_state(before, ip.user_ns)
+
+
+@pytest.mark.parametrize(("line", "cell", "message"), [
+    ("--steps 0", "pass", "--steps must be at least 1, not 0"),
+    ("--steps 5 --seconds 2", "pass", "--steps and --seconds both say when to stop"),
+    ("--warmup x", "pass", "--warmup needs a whole number, not 'x'"),
+    ("", "   ", "empty cell"),
+    ("train()", "pass", "takes only options on its first line"),
+])
+def test_bad_options_are_one_sentence(ip, line: str, cell: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        ip.run_cell_magic("gpuprofile", line, cell)
+
+
+def test_the_line_form_profiles_a_training_function(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    ip.run_cell("def train_one_epoch(net, data, optimizer):\n    for x, y in data:\n        optimizer.zero_grad()\n"
+                "        loss_fn(net(x), y).backward()\n        optimizer.step()\n").raise_error()
+    result = ip.run_line_magic("gpuprofile", "-o -q --steps 4 --warmup 1 train_one_epoch(model, loader, opt)")
+    assert result.steps == 4 and result.counted == "optimizer steps"
+    assert "`net`" in result.ready_steps[0].reason  # the body uses the function's own variables
+    with pytest.raises(UsageError, match="no function 'train_epoch'"):
+        ip.run_line_magic("gpuprofile", "train_epoch")
+
+
+CNN = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+class Images(Dataset):
+    def __len__(self): return 256
+    def __getitem__(self, i):
+        return torch.full((3, 16, 16), float(i % 7)), i % 10
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), Block(8), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(8, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+loader = DataLoader(Images(), batch_size=16, shuffle=True, num_workers=2)
+"""
+
+
+def test_a_resnet_style_cnn_with_batchnorm_and_workers_leaves_no_worker_behind(ip) -> None:
+    ip.run_cell(CNN).raise_error()
+    running_mean = ip.user_ns["model"][1].running_mean.clone()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 4 --warmup 2\nmodel.train()\nfor epoch in range(2):\n"
+                         "    for images, labels in loader:\n        opt.zero_grad()\n"
+                         "        loss = nn.functional.cross_entropy(model(images), labels)\n"
+                         "        loss.backward()\n        opt.step()\n").result
+    assert result.steps == 4 and result.batch_size == 16
+    assert torch.equal(ip.user_ns["model"][1].running_mean, running_mean)  # BatchNorm statistics put back
+    assert "convolution" in {op.name for op in result.operators}
+    assert multiprocessing.active_children() == []  # the stopped loop's workers are shut down
+
+
+def test_a_loop_through_a_progress_wrapper_is_lifted_at_the_users_for_line(ip) -> None:
+    # tqdm is not installed here; a wrapping generator is what tqdm is to the loop: the batches come through it.
+    ip.run_cell(MLP).raise_error()
+    ip.run_cell("def progress(iterable):\n    for item in iterable:\n        yield item\n").raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor step, (x, y) in enumerate(progress(loader)):\n"
+                         "    opt.zero_grad()\n    loss_fn(model(x), y).backward()\n    opt.step()\n").result
+    assert [r.name for r in result.ready_steps] == ["profile_step", "profile_train_step", "profile_sized_step"]
+    assert "The loop body at line 2" in result.ready_steps[0].code
+
+
+def test_seconds_profiles_for_that_long(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    ip.run_cell("def slow_step(x, y):\n    time.sleep(0.01)\n    opt.zero_grad()\n    loss_fn(model(x), y).backward()\n"
+                "    opt.step()\n").raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --seconds 0.3 --warmup 1\nfor x, y in loader:\n"
+                         "    slow_step(x, y)\n").result
+    assert 0.3 <= sum(result.step_seconds) < 0.3 + 3 * max(result.step_seconds)
+    assert result.requested == 0
+
+
+def test_bf16_autocast_with_a_grad_scaler_is_profiled_in_bf16_and_put_back(ip) -> None:
+    ip.run_cell(MLP + "\nscaler = torch.amp.GradScaler('cpu')\n").raise_error()
+    before = state_of(ip.user_ns)
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                         "    with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+                         "        loss = loss_fn(model(x), y)\n    scaler.scale(loss).backward()\n"
+                         "    scaler.step(opt)\n    scaler.update()\n").result
+    assert result.compute == "bf16" and result.steps == 3
+    assert result.ceiling is not None and result.ceiling.compute == "bf16"
+    assert same_state(before, ip.user_ns) and not torch.is_autocast_enabled("cpu")
+
+
+def test_two_optimizers_count_one_step_per_iteration(ip) -> None:
+    ip.run_cell(MLP + "\nhead = nn.Linear(10, 1)\nopt_head = torch.optim.SGD(head.parameters(), lr=0.1)\n"
+                ).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 4 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                         "    loss_fn(model(x), y).backward()\n    opt.step()\n    opt_head.zero_grad()\n"
+                         "    head(model(x).detach()).mean().backward()\n    opt_head.step()\n").result
+    assert result.steps == 4 and result.counted == "optimizer steps"
+    assert result.bucket("optimizer").seconds > 0
