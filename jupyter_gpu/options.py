@@ -397,6 +397,10 @@ def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
                         help="steps run first and shown apart: compilation, autotuning, workers starting (default 5)")
     parser.add_argument("--seconds", type=seconds_type("--seconds"), default=None, metavar="S",
                         help="profile for S seconds after the warm-up instead of N steps")
+    parser.add_argument("--apply", action="store_true",
+                        help="then run the loop again with the fixes that need no edit (checked by %%speedprobe and "
+                             "%%dataprobe) and show before and after")
+    parser.add_argument("--compile", action="store_true", help="with --apply, try torch.compile too")
     parser.add_argument("--keep", action="store_true",
                         help="keep what the steps did to the model, optimizer and RNGs (default: put back bitwise)")
     parser.add_argument("-o", dest="return_result", action="store_true",
@@ -408,3 +412,7 @@ def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
 def validate_gpuprofile(options: argparse.Namespace) -> None:
     if options.steps is not None and options.seconds is not None:
         raise OptionsError("--steps and --seconds both say when to stop; give one of them.")
+    if options.compile and not options.apply:
+        raise OptionsError("--compile says what --apply may try; add --apply.")
+    if options.apply and options.keep:
+        raise OptionsError("--apply runs the loop twice from the same state, so it cannot --keep what the steps did.")

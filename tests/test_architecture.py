@@ -79,7 +79,8 @@ PROBE_PREFIXES = ["jupyter_gpu.facts", "jupyter_gpu.metrics.backends.nvml",
                   "jupyter_gpu.distributed.simulated_topology",
                   "jupyter_gpu.distributed.allreduce", "jupyter_gpu.distributed.allreduce_worker",
                   "jupyter_gpu.gpuprofile.instrument", "jupyter_gpu.gpuprofile.census",
-                  "jupyter_gpu.gpuprofile.ceiling", "jupyter_gpu.gpuprofile.batches", "jupyter_gpu.gpuprofile.runner"]
+                  "jupyter_gpu.gpuprofile.ceiling", "jupyter_gpu.gpuprofile.batches", "jupyter_gpu.gpuprofile.runner",
+                  "jupyter_gpu.gpuprofile.apply"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

@@ -49,12 +49,15 @@ class LoaderRecipe:
     batch_size: int | None
     dataset_len: int | None
 
-    def build(self, settings: LoaderSettings) -> Any:
+    def build(self, settings: LoaderSettings, counting: bool = True) -> Any:
+        """The user's loader with `settings`; `counting`: its batches come as (samples, batch) for the probe's
+        count (CountingCollate), else exactly as the user's loader yields them."""
         from torch.utils.data import DataLoader
 
         arguments = dict(self.arguments)
         batched = arguments.get("batch_size") is not None or "batch_sampler" in arguments
-        arguments["collate_fn"] = CountingCollate(arguments["collate_fn"], batched)
+        if counting:
+            arguments["collate_fn"] = CountingCollate(arguments["collate_fn"], batched)
         if settings.num_workers == 0:
             arguments.pop("multiprocessing_context", None)  # DataLoader refuses a start method without workers
         with quiet_worker_count():

@@ -291,6 +291,8 @@ class Instruments:
             if threading.get_ident() != instruments._main:
                 return original(*args, **kwargs)
             instruments._enter_phase(bucket)
+            if bucket == BACKWARD and args and isinstance(args[0], instruments.torch.Tensor) and args[0].numel() == 1:
+                instruments.timeline.current.losses.append(args[0].detach().clone())  # the loss, read after the run
             try:
                 return original(*args, **kwargs)
             finally:
@@ -439,6 +441,7 @@ def _add_into(total: StepRecord, record: StepRecord) -> None:
     total.blocking_copies += record.blocking_copies
     total.events += record.events
     total.module_calls += record.module_calls
+    total.losses.extend(record.losses)
 
 
 def _is_pinned(tensor: Any) -> bool:

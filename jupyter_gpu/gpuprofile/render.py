@@ -8,9 +8,10 @@ table, the ready steps, and what was not measured and why.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from html import escape
 
-from jupyter_gpu.gpuprofile.result import DATA, SYNC, Bucket, ProfileResult
+from jupyter_gpu.gpuprofile.result import DATA, SYNC, AppliedFixes, Bucket, ProfileResult, RunFigures
 from jupyter_gpu.render_kit import rows_html, rows_text, table_text
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
 
@@ -155,6 +156,9 @@ def render_text(result: ProfileResult) -> str:
             f"; {result.memory_bound_share:.0%} of operator time is memory-bound (candidates for torch.compile)"
         lines += ["", f"Top operators over one counted step{share}:"]
         lines += table_text(_operator_rows(result), OPERATOR_HEADINGS[1:6])
+    if result.applied is not None:
+        lines += ["", "--apply: the loop again with the fixes that need no edit of your code:"]
+        lines += _applied_text(result.applied)
     if result.ready_steps:
         lines += ["", "Ready steps for the probes:"]
         for ready in result.ready_steps:
@@ -166,6 +170,40 @@ def render_text(result: ProfileResult) -> str:
     if result.not_measured:
         lines += ["", "Not measured:"] + [f"  {item}" for item in result.not_measured]
     return "\n".join(lines)
+
+
+def _applied_rows(applied: AppliedFixes) -> list[tuple[str, ...]]:
+    def row(title: str, value: Callable[[RunFigures], str]) -> tuple[str, ...]:
+        return (title, value(applied.before), value(applied.after) if applied.after else "")
+
+    def share(value: float | None) -> str:
+        return f"{value:.0%}" if value is not None else "n/a"
+
+    return [("", "before", "after"),
+            row("step", lambda f: format_seconds(f.seconds)),
+            row("samples/s", lambda f: format_rate(f.samples_per_second)),
+            row("MFU", lambda f: share(f.mfu)),
+            row("of the matmul ceiling", lambda f: share(f.of_ceiling)),
+            row("peak memory", lambda f: format_bytes(f.peak_memory)),
+            row("waiting for data", lambda f: share(f.data_share)),
+            row("syncs", lambda f: share(f.sync_share)),
+            row("loss (mean of the steps)", lambda f: f"{statistics.fmean(f.losses):.4g}" if f.losses else "n/a")]
+
+
+def _applied_text(applied: AppliedFixes) -> list[str]:
+    lines = [f"  applied: {'; '.join(applied.applied) or 'nothing (no fix helped and agreed)'}"]
+    if applied.after is not None:
+        lines += table_text(_applied_rows(applied), ("before", "after"))
+        if applied.speedup is not None:
+            lines.append(f"  {applied.speedup:.2f}x per step, measured on your loop")
+        if applied.loss_difference is not None:
+            lines.append(f"  the losses of the two runs (same state, same batches) differ by at most "
+                         f"{applied.loss_difference:.2%} step by step")
+    lines += [f"  left out: {name}: {why}" for name, why in applied.left_out]
+    if applied.code:
+        lines += ["  to keep them, in your code:"] + [f"    {line}" for line in applied.code]
+    lines += [f"  measured with: {command}" for command in applied.checked]
+    return lines
 
 
 def _bar_html(buckets: list[Bucket], steps: int) -> str:
@@ -217,6 +255,9 @@ def render_html(result: ProfileResult) -> str:
     if result.operators:
         parts.append("<div><b>Top operators over one counted step</b></div>")
         parts.append(_table_html(_operator_rows(result)))
+    if result.applied is not None:
+        parts.append("<div><b>--apply: before and after</b></div>")
+        parts.append("<pre>" + escape("\n".join(_applied_text(result.applied))) + "</pre>")
     if result.ready_steps:
         items = "".join(
             f"<li><code>{escape(r.command)}</code>" + (f" ({escape(r.name)} is defined)" if r.name else

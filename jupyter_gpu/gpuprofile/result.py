@@ -148,6 +148,55 @@ class PlanItem:
 
 
 @dataclass(frozen=True)
+class RunFigures:
+    """One run of the loop, as --apply compares two."""
+
+    seconds: float | None                  # the typical step
+    samples_per_second: float | None
+    mfu: float | None
+    of_ceiling: float | None
+    peak_memory: int | None
+    data_share: float | None
+    sync_share: float | None
+    losses: list[float] = field(default_factory=list)  # the loss at each profiled step, as backward() saw it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AppliedFixes:
+    """--apply: what was applied, what was left out and why, and the loop before and after."""
+
+    applied: list[str]
+    left_out: list[tuple[str, str]]
+    checked: list[str]
+    code: list[str]
+    before: RunFigures
+    after: RunFigures | None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.after is None or not self.before.seconds or not self.after.seconds:
+            return None
+        return self.before.seconds / self.after.seconds
+
+    @property
+    def loss_difference(self) -> float | None:
+        """The largest relative difference between the two runs' losses, step by step (same state, same batches)."""
+        if self.after is None or not self.before.losses or not self.after.losses:
+            return None
+        pairs = list(zip(self.before.losses, self.after.losses, strict=False))
+        return max(abs(a - b) / max(abs(a), 1e-12) for a, b in pairs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"applied": list(self.applied), "left_out": [list(item) for item in self.left_out],
+                "checked": list(self.checked), "code": list(self.code), "before": self.before.to_dict(),
+                "after": self.after.to_dict() if self.after else None, "speedup": self.speedup,
+                "loss_difference": self.loss_difference}
+
+
+@dataclass(frozen=True)
 class ReadyStep:
     """A step function the profile defined in the notebook for a probe, or the wrapper to fill in and why."""
 
@@ -189,7 +238,8 @@ class ProfileResult(RichResult):
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
     error: str | None = None                     # what the cell raised, as "Type: message"
-    applied: Any = None                          # --apply's before and after (not built yet: always None)
+    applied: AppliedFixes | None = None          # --apply's before and after
+    losses: list[float] = field(default_factory=list)  # the loss at each profiled step
 
     @property
     def steps(self) -> int:
@@ -224,14 +274,21 @@ class ProfileResult(RichResult):
     def bucket(self, key: str) -> Bucket | None:
         return next((b for b in self.breakdown if b.key == key), None)
 
+    def figures(self) -> RunFigures:
+        data, sync = self.bucket(DATA), self.bucket(SYNC)
+        return RunFigures(seconds=self.seconds, samples_per_second=self.samples_per_second, mfu=self.mfu,
+                          of_ceiling=self.of_ceiling, peak_memory=self.peak_memory,
+                          data_share=data.share if data else None, sync_share=sync.share if sync else None,
+                          losses=list(self.losses))
+
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}
         nested = ("breakdown", "syncs", "operators", "plan", "ready_steps")
         out = {k: v for k, v in plain.items() if k not in (*nested, "copies", "ceiling", "applied")}
+        out["applied"] = self.applied.to_dict() if self.applied else None
         out.update({k: [item.to_dict() for item in plain[k]] for k in nested})
         out["copies"] = self.copies.to_dict() if self.copies else None
         out["ceiling"] = self.ceiling.to_dict() if self.ceiling else None
-        out["applied"] = None
         out.update(steps=self.steps, seconds=self.seconds, achieved_flops=self.achieved_flops, mfu=self.mfu,
                    of_ceiling=self.of_ceiling, samples_per_second=self.samples_per_second)
         return out

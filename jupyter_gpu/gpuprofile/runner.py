@@ -55,6 +55,8 @@ class ProfileRequest:
     warmup: int = DEFAULT_WARMUP
     seconds: float | None = None
     keep: bool = False
+    apply: bool = False      # then run the loop again with the fixes that need no edit, and compare
+    compile: bool = False    # --apply may try torch.compile too
 
 
 @dataclass
@@ -133,9 +135,44 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     if snapshot is not None:
         snapshot.restore()
     flags.restore(torch)
-    result, defined = _assemble(torch, instruments, request, namespace, used, gpu_phases, peak_memory,
-                                loop_source, error, run_seconds, cuda_before)
+    result, defined, loaders = _assemble(torch, instruments, request, namespace, used, gpu_phases, peak_memory,
+                                         loop_source, error, run_seconds, cuda_before)
+    if request.apply and error is None and not request.keep:
+        result = _apply(torch, run, request, namespace, loop_source, progress, result, loaders)
     return Profiled(result=result, value=value, error=error, defined=defined)
+
+
+def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespace: dict[str, Any],
+           loop_source: lift.LoopSource | None, progress: Progress | None, before: ProfileResult,
+           loaders: list[str]) -> ProfileResult:
+    """--apply: the probes choose and check the fixes, then the loop runs again with them, from the same state."""
+    from dataclasses import replace
+
+    from jupyter_gpu.gpuprofile.apply import applied_run, choose_fixes
+    from jupyter_gpu.gpuprofile.result import AppliedFixes
+    from jupyter_gpu.speedprobe.flags import GlobalFlags
+
+    fixes = choose_fixes(torch, namespace, before, loaders, compile_too=request.compile, progress=progress)
+    after = None
+    if fixes.options or fixes.loader:
+        objects = find_training_objects(namespace)
+        snapshot, flags = StateSnapshot.take(objects), GlobalFlags.take(torch)
+        device = objects.device() or torch.device("cpu")
+        try:
+            second = profile_run(applied_run(torch, namespace, fixes, objects, device, run),
+                                 replace(request, apply=False, keep=False), namespace=namespace,
+                                 loop_source=loop_source, progress=progress)
+        finally:
+            snapshot.restore()  # the layout channels_last changed, the fused flags: bitwise as before
+            flags.restore(torch)
+        if second.error is not None:
+            fixes.left_out.append(("the run with the fixes", f"it raised {type(second.error).__name__}: "
+                                                             f"{second.error}"))
+        else:
+            after = second.result.figures()
+    applied = AppliedFixes(applied=fixes.titles, left_out=fixes.left_out, checked=fixes.checked, code=fixes.code,
+                           before=before.figures(), after=after)
+    return replace(before, applied=applied)
 
 
 def _gpu_phase_seconds(torch: Any, instruments: Instruments) -> dict[tuple[int, str], float]:
@@ -194,7 +231,8 @@ def _compute_format(torch: Any, device: str, flops_by_dtype: dict[str, int]) -> 
 
 def _assemble(torch: Any, instruments: Instruments, request: ProfileRequest, namespace: dict[str, Any], used: Any,
               gpu_phases: dict[tuple[int, str], float], peak_memory: int | None, loop_source: lift.LoopSource | None,
-              error: BaseException | None, run_seconds: float, cuda_before: bool) -> tuple[ProfileResult, list[str]]:
+              error: BaseException | None, run_seconds: float, cuda_before: bool
+              ) -> tuple[ProfileResult, list[str], list[str]]:
     records = instruments.records
     warmup = min(request.warmup, max(len(records) - 1, 0)) if instruments.mode != ONE_RUN else 0
     profiled = records[warmup:]
@@ -271,12 +309,12 @@ def _assemble(torch: Any, instruments: Instruments, request: ProfileRequest, nam
         batch_size=instruments.batch_size, overhead_seconds=overhead, not_measured=not_measured, notes=notes,
         interrupted=isinstance(error, KeyboardInterrupt),
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
-        ready_steps=ready)
+        ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses])
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):
         total_memory = int(torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory)
     result = plan.with_plan(result, loaders=loaders, total_memory=total_memory)
-    return result, defined
+    return result, defined, loaders
 
 
 def _define(ready: list[Any], namespace: dict[str, Any], batch: Any) -> None:

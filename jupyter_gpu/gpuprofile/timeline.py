@@ -30,6 +30,7 @@ class StepRecord:
     blocking_copies: int = 0
     events: int = 0  # hook calls made in this step, for the overhead estimate
     module_calls: int = 0
+    losses: list = field(default_factory=list)  # the scalars backward() ran from (detached; read after the run)
 
 
 class Timeline:

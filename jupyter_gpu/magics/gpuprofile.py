@@ -71,7 +71,8 @@ class GpuProfileMagics(Magics):
             return None
 
         request = ProfileRequest(steps=None if options.seconds is not None else options.steps or DEFAULT_STEPS,
-                                 warmup=options.warmup, seconds=options.seconds, keep=options.keep)
+                                 warmup=options.warmup, seconds=options.seconds, keep=options.keep,
+                                 apply=options.apply, compile=options.compile)
         try:
             profiled = profile_run(run, request, namespace=namespace, loop_source=LoopSource(compiled.filename),
                                    progress=None if options.quiet else ProgressLine())

@@ -7,6 +7,7 @@ lines, the FLOPs, the ready steps working, and everything the cell changed put b
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -360,3 +361,64 @@ def test_two_optimizers_count_one_step_per_iteration(ip) -> None:
                          "    head(model(x).detach()).mean().backward()\n    opt_head.step()\n").result
     assert result.steps == 4 and result.counted == "optimizer steps"
     assert result.bucket("optimizer").seconds > 0
+
+
+SLOW_DATA = """
+import time, torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 100_000
+    def __getitem__(self, i):
+        time.sleep(0.002)  # 32 ms per batch of 16 in one process; the step takes a few
+        return torch.full((16,), float(i % 5)), i % 4
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Slow(), batch_size=16, shuffle=True)
+user_loader = loader
+"""
+
+
+def test_apply_runs_the_loop_again_with_the_loader_dataprobe_recommends(ip) -> None:
+    ip.run_cell(SLOW_DATA).raise_error()
+    before = {k: v.clone() for k, v in ip.user_ns["model"].state_dict().items()}
+    rng = torch.get_rng_state().clone()
+    result = ip.run_cell("%%gpuprofile -o -q --apply --steps 8 --warmup 2\nfor x, y in loader:\n    opt.zero_grad()\n"
+                         "    nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n").result
+    applied = result.applied
+    assert applied is not None and applied.after is not None
+    assert any(title.startswith("loader: ") and "worker" in title for title in applied.applied), applied.applied
+    assert any(command.startswith("%dataprobe loader --step profile_step") for command in applied.checked)
+    assert any(command.startswith("%speedprobe profile_train_step") for command in applied.checked)
+    assert applied.after.data_share < applied.before.data_share
+    assert applied.speedup is not None and applied.speedup > 1.3  # a sleep-bound loader: workers overlap the sleeps
+    assert len(applied.before.losses) == len(applied.after.losses) == 8
+    assert any("DataLoader(" in line for line in applied.code)
+    assert ip.user_ns["loader"] is ip.user_ns["user_loader"]  # the notebook's own loader is back
+    assert all(torch.equal(before[k], v) for k, v in ip.user_ns["model"].state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())
+    deadline = time.time() + 10
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.1)
+    assert multiprocessing.active_children() == []
+    assert "--apply: the loop again" in str(result) and "before" in result._repr_html_()
+
+
+def test_apply_says_why_nothing_was_applied_when_the_step_cannot_be_lifted(ip) -> None:
+    ip.run_cell(SLOW_DATA).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --apply --steps 3 --warmup 1\nfor x, y in loader:\n"
+                         "    opt.zero_grad()\n    loss = nn.functional.cross_entropy(model(x), y)\n"
+                         "    if loss < 0:\n        break\n    loss.backward()\n    opt.step()\n").result
+    assert result.applied is not None and result.applied.after is None and result.applied.applied == []
+    [(what, why)] = result.applied.left_out
+    assert what == "every fix" and "`break` at line 6" in why
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("--compile", "--compile says what --apply may try"),
+    ("--apply --keep", "cannot --keep"),
+])
+def test_apply_options_that_contradict_are_one_sentence(ip, line: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ip.run_cell_magic("gpuprofile", line, "pass")

@@ -1,0 +1,128 @@
+"""`--apply`: the plan, measured. The fixes that need no edit of the user's code are chosen and checked by the probes
+that own them, then the loop runs again with them and the profile shows before and after side by side.
+
+- **Which fixes, and whether their numbers agree**: `%speedprobe`'s engine on the lifted `profile_train_step`
+  (bf16 autocast, TF32, channels_last, fused optimizers; `torch.compile` only when asked). Each option's first update
+  is compared with the step as it is, as `%speedprobe` checks it; the combination it recommends (the options that
+  helped and agreed) is applied. An option that disagrees is left out and named with why.
+- **The input pipeline**: `%dataprobe`'s engine on the loader the loop iterated and `profile_step`, when waiting for
+  data costs 5% of the step or more; its recommended DataLoader settings replace the loader for the second run (the
+  notebook's variable gets its own loader back afterwards).
+- **Then the loop again**, under the same profile, from the same state (the model, optimizer, schedulers and RNGs
+  are put back before it, so it sees the same batches) with those fixes applied; everything is undone afterwards.
+
+Fixes that need an edit (a sync's line) are in the plan with their measured cost, not applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_gpu.gpuprofile.lift import DATA_STEP, TRAIN_STEP
+from jupyter_gpu.gpuprofile.plan import DATA_SHARE
+from jupyter_gpu.gpuprofile.result import DATA, ProfileResult
+
+OPTIONS = ("amp-bf16", "tf32", "channels-last", "fused-optimizer")
+PROBE_STEPS = 8
+DATA_SECONDS = 10.0
+
+
+@dataclass
+class FixPlan:
+    options: tuple[str, ...] = ()                  # speedprobe option names to apply
+    loader: str | None = None                      # the notebook name of the loader to replace
+    loader_settings: Any = None                    # dataprobe LoaderSettings for it
+    loader_code: str | None = None                 # the line a user writes for it
+    left_out: list[tuple[str, str]] = field(default_factory=list)  # (fix, why it was not applied)
+    checked: list[str] = field(default_factory=list)              # what was measured to decide
+    titles: list[str] = field(default_factory=list)               # the applied fixes, as the report names them
+    code: list[str] = field(default_factory=list)                 # the lines that adopt them in the user's code
+
+
+def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, loaders: list[str], *,
+                 compile_too: bool, progress: Callable[[str], None] | None) -> FixPlan:
+    """Ask the probes which fixes help this loop and keep its numbers."""
+    plan = FixPlan()
+    step = namespace.get(TRAIN_STEP)
+    if not callable(step) or not any(r.name == TRAIN_STEP for r in before.ready_steps):
+        why = next((r.reason for r in before.ready_steps if r.reason), None) or "no step was lifted"
+        plan.left_out.append(("every fix", f"the loop body could not be lifted ({why}), so no fix could be checked "
+                                           "for agreement"))
+        return plan
+    from jupyter_gpu.speedprobe.runner import SpeedProbeError, SpeedProbeRequest, run_speedprobe
+
+    options = (*OPTIONS, "compile") if compile_too else OPTIONS
+    try:
+        speed = run_speedprobe(step, SpeedProbeRequest(options=options, steps=PROBE_STEPS), step_name=TRAIN_STEP,
+                               namespace=namespace, progress=progress)
+    except SpeedProbeError as exc:
+        plan.left_out.append(("precision, layout, fused optimizers", f"%speedprobe could not run: {exc}"))
+        speed = None
+    if speed is not None:
+        plan.checked.append(f"%speedprobe {TRAIN_STEP} --try {','.join(options)} --steps {PROBE_STEPS}")
+        chosen = speed.best.members if speed.best is not None else ()
+        plan.options = tuple(chosen)
+        if speed.best is not None:
+            plan.titles.append(f"{speed.best.title} ({speed.best.speedup:.2f}x on the step alone)")
+            plan.code.extend(speed.code())
+        for trial in speed.options:
+            if trial.name in chosen:
+                continue
+            if trial.skipped:
+                plan.left_out.append((trial.title, trial.skipped))
+            elif trial.error:
+                plan.left_out.append((trial.title, f"the step raised {trial.error}"))
+            elif trial.agreement is not None and trial.agreement.agrees is False:
+                plan.left_out.append((trial.title, "its numbers disagree with the step as it is: "
+                                                   f"{trial.agreement.failure or 'the first update differs'}"))
+            elif trial.speedup is not None and speed.best is not None and trial.speedup > 1:
+                plan.left_out.append((trial.title, f"{trial.speedup:.2f}x alone, but the fastest configuration whose "
+                                                   f"numbers agree ({speed.best.title}) is without it"))
+            else:
+                speedup = f"{trial.speedup:.2f}x" if trial.speedup else "no measurable gain"
+                plan.left_out.append((trial.title, f"did not help on this step ({speedup})"))
+    data = before.bucket(DATA)
+    if loaders and data is not None and data.share >= DATA_SHARE and callable(namespace.get(DATA_STEP)):
+        from jupyter_gpu.dataprobe.runner import DataProbeRequest, run_dataprobe
+
+        name = loaders[0]
+        plan.checked.append(f"%dataprobe {name} --step {DATA_STEP} --seconds {DATA_SECONDS:g}")
+        probe = run_dataprobe(namespace[name], namespace[DATA_STEP], DataProbeRequest(seconds=DATA_SECONDS),
+                              loader_name=name, step_name=DATA_STEP, namespace=namespace, progress=progress)
+        if probe.recommended_settings is not None and probe.recommended_settings != probe.current:
+            plan.loader, plan.loader_settings, plan.loader_code = name, probe.recommended_settings, probe.code()
+            plan.titles.append(f"{name}: {probe.recommended_settings.label()}")
+            if plan.loader_code:
+                plan.code.append(plan.loader_code)
+        else:
+            plan.left_out.append(("DataLoader settings", "%dataprobe found nothing faster than the loader as it is"))
+    return plan
+
+
+def applied_run(torch: Any, namespace: dict[str, Any], plan: FixPlan, objects: Any, device: Any,
+                run: Callable[[], Any]) -> Callable[[], Any]:
+    """`run`, made to run with the plan's fixes in place (and undone when it returns or raises)."""
+    from jupyter_gpu.dataprobe.loaders import recipe_of, shut_down
+    from jupyter_gpu.speedprobe.variants import StepSetting, apply
+
+    def with_fixes() -> Any:
+        with ExitStack() as stack:
+            applied = apply(plan.options, StepSetting(torch, objects, device), stack) if plan.options else None
+            if plan.loader is not None:
+                original = namespace[plan.loader]
+                replacement = recipe_of(original).build(plan.loader_settings, counting=False)
+                namespace[plan.loader] = replacement
+
+                def put_back() -> None:
+                    namespace[plan.loader] = original
+                    iterator = getattr(replacement, "_iterator", None)
+                    if iterator is not None:
+                        shut_down(iterator)  # persistent workers of the replacement: not the user's to keep
+                stack.callback(put_back)
+            for make in applied.around_call if applied is not None else []:
+                stack.enter_context(make())
+            return run()
+    return with_fixes
