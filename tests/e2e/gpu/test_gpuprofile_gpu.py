@@ -1,0 +1,101 @@
+"""On a real GPU, what the CPU suite cannot check: each phase's GPU time from CUDA events, the datasheet MFU for a
+GPU in the table, the time the host waited at each sync against a `torch.cuda._sleep` kernel of known length, and
+that a loop that never touched CUDA leaves it uninitialised. No IPython here: `profile_training` is the entry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from jupyter_gpu.gpuprofile.peaks import find_peak
+from jupyter_gpu.gpuprofile.runner import profile_training
+
+pytestmark = pytest.mark.gpu
+
+
+def make_training(dtype: torch.dtype | None = None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = [(torch.randn(256, 1024), torch.randn(256, 1024)) for _ in range(8)]
+    loader = torch.utils.data.DataLoader(data, batch_size=None)
+
+    def train_epoch(epochs: int = 20) -> None:
+        for _ in range(epochs):
+            for x, y in loader:
+                x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+                opt.zero_grad()
+                with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
+                    loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+    return model, opt, train_epoch
+
+
+def test_each_phase_gets_its_gpu_time_and_the_mfu_its_datasheet_peak() -> None:
+    model, opt, train_epoch = make_training(torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = profile_training(train_epoch, steps=10, warmup=3, namespace={"model": model, "opt": opt})
+    assert result.device.startswith("cuda") and result.steps == 10
+    for key in ("forward", "backward", "optimizer"):
+        assert result.bucket(key).gpu_seconds is not None and result.bucket(key).gpu_seconds > 0, key
+    assert result.compute == "bf16"
+    peak = find_peak(torch.cuda.get_device_name(0))
+    if peak is not None:
+        assert result.ceiling.datasheet_name == peak.name and result.mfu is not None and 0 < result.mfu < 1
+    assert result.of_ceiling is not None and 0 < result.of_ceiling < 1.5
+    assert result.copies is not None and result.copies.count == pytest.approx(2.0)  # x and y, pageable
+    assert result.peak_memory and result.peak_memory > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_wait_at_a_sync_is_the_queued_work_it_waited_for() -> None:
+    x = torch.ones(1, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles = int(10_000_000 * 0.02 / (start.elapsed_time(end) / 1000))  # a 20 ms kernel
+    model = nn.Linear(1, 1).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train() -> None:
+        for _ in range(30):
+            opt.zero_grad()
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            torch.cuda._sleep(cycles)
+            loss.item()  # the host waits here for the 20 ms kernel
+
+    result = profile_training(train, steps=10, warmup=3, namespace={"model": model, "opt": opt})
+    [sync] = [s for s in result.syncs if s.source == "loss.item()  # the host waits here for the 20 ms kernel"]
+    assert sync.per_step == 1.0
+    assert sync.seconds == pytest.approx(0.020, rel=0.10)
+    assert result.plan[0].cause.startswith("sync at")
+
+
+def test_a_loop_that_never_touched_cuda_leaves_it_uninitialised() -> None:
+    script = textwrap.dedent("""
+        import torch
+        from torch import nn
+        from jupyter_gpu.gpuprofile.runner import profile_training
+        model = nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = torch.utils.data.DataLoader([(torch.zeros(8), 0)] * 64, batch_size=8)
+        def train():
+            for _ in range(5):
+                for x, y in loader:
+                    opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+        result = profile_training(train, steps=5, warmup=1, namespace=globals())
+        print(result.device, torch.cuda.is_initialized())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["cpu", "False"]
