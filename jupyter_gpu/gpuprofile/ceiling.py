@@ -3,7 +3,7 @@
 A datasheet peak exists only for the GPUs in `peaks.py` and says nothing of a CPU; the measured ceiling applies
 to every device, so the profile can always say "x% of what this device reaches on a big matmul". Inputs are
 filled with a constant (no random generator is touched), TF32 is switched on only for a tf32 step and put back.
-The whole measurement takes well under a second.
+The whole measurement takes the budget the caller gives it (at most 0.35 s in a profile), after one warm-up call each.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ MATMUL_SECONDS = 0.25
 COPY_SECONDS = 0.1
 
 
-def measure_ceiling(torch: Any, device: str, compute: str) -> tuple[float, float | None, float]:
-    """(matmul FLOP/s, copy bytes/s or None, seconds spent) on `device` in `compute`."""
+def measure_ceiling(torch: Any, device: str, compute: str, budget: float = MATMUL_SECONDS + COPY_SECONDS
+                    ) -> tuple[float, float | None, float]:
+    """(matmul FLOP/s, copy bytes/s or None, seconds spent) on `device` in `compute`, timing each for its share of
+    `budget` seconds (at least one call each, after a warm-up call)."""
+    matmul_seconds = budget * MATMUL_SECONDS / (MATMUL_SECONDS + COPY_SECONDS)
     from jupyter_gpu.speedprobe.flags import GlobalFlags, enable_tf32
 
     began = time.perf_counter()
@@ -30,10 +33,10 @@ def measure_ceiling(torch: Any, device: str, compute: str) -> tuple[float, float
         if compute == TF32:
             enable_tf32(torch)
         out = torch.empty(size, size, dtype=dtype, device=device)
-        matmul = _rate(torch, device, lambda a, b: torch.mm(a, b, out=out), size, dtype, MATMUL_SECONDS,
+        matmul = _rate(torch, device, lambda a, b: torch.mm(a, b, out=out), size, dtype, matmul_seconds,
                        work=2 * size ** 3)
 
-        bandwidth = _copy_rate(torch, device)
+        bandwidth = _copy_rate(torch, device, budget - matmul_seconds)
     finally:
         flags.restore(torch)
     return matmul, bandwidth, time.perf_counter() - began
@@ -60,7 +63,7 @@ def _rate(torch: Any, device: str, run: Any, size: int, dtype: Any, seconds: flo
                 return calls * work / elapsed
 
 
-def _copy_rate(torch: Any, device: str) -> float | None:
+def _copy_rate(torch: Any, device: str, seconds: float) -> float | None:
     """Bytes read plus written per second by a large device-to-device copy."""
     elements = (256 if device.startswith("cuda") else 32) * 1024 * 1024 // 4
     try:
@@ -76,5 +79,5 @@ def _copy_rate(torch: Any, device: str) -> float | None:
         calls += 1
         _synchronize(torch, device)
         elapsed = time.perf_counter() - began
-        if elapsed >= COPY_SECONDS:
+        if elapsed >= seconds:
             return calls * 2 * source.numel() * source.element_size() / elapsed

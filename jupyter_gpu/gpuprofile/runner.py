@@ -285,7 +285,7 @@ def _assemble(torch: Any, instruments: Instruments, request: ProfileRequest, nam
     compute = _compute_format(torch, device, totals.flops_by_dtype if totals is not None else {})
     if totals is None and profiled:
         not_measured.append("FLOPs and operators: the cell stopped before the extra step they are counted on.")
-    ceiling = _ceiling(torch, device, compute, notes, not_measured)
+    ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds))
     operators, memory_share = _operators(totals, ceiling)
     if not device.startswith("cuda"):
         not_measured.append("On the CPU: no GPU timeline, no per-phase GPU time and no datasheet MFU; the measured "
@@ -336,11 +336,18 @@ def _accumulation(instruments: Instruments) -> int:
     return max(1, round(instruments.batches / instruments.optimizer_steps))
 
 
-def _ceiling(torch: Any, device: str, compute: str, notes: list[str], not_measured: list[str]) -> Ceiling | None:
+# The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the
+# profile stays short, on a slow one the matmul is timed long enough to be steady.
+CEILING_SHARE, CEILING_MIN_SECONDS, CEILING_MAX_SECONDS = 0.1, 0.05, 0.35
+
+
+def _ceiling(torch: Any, device: str, compute: str, notes: list[str], not_measured: list[str],
+             profiled_seconds: float) -> Ceiling | None:
     from jupyter_gpu.gpuprofile.ceiling import measure_ceiling
 
     try:
-        matmul, bandwidth, seconds = measure_ceiling(torch, device, compute)
+        budget = min(max(CEILING_SHARE * profiled_seconds, CEILING_MIN_SECONDS), CEILING_MAX_SECONDS)
+        matmul, bandwidth, seconds = measure_ceiling(torch, device, compute, budget)
     except (RuntimeError, TypeError) as exc:
         not_measured.append(f"The measured ceiling: a {compute} matmul on {device} failed ({exc}).")
         return None
@@ -379,7 +386,7 @@ def _overhead(torch: Any, profiled: list[Any]) -> float | None:
         return None
     module = torch.nn.Identity()
     tensor = torch.zeros(1)
-    calls = 2000
+    calls = 500
 
     def timed() -> float:
         began = time.perf_counter()
