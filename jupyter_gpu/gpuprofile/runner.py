@@ -132,11 +132,16 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     gpu_phases = _gpu_phase_seconds(torch, instruments)
     peak_memory = _peak_memory(torch)
     used = find_training_objects(namespace)
+    before_ids = {id(obj) for obj in objects.objects()}
+    created = [used.labels.get(id(obj), type(obj).__name__) for obj in used.objects() if id(obj) not in before_ids]
     if snapshot is not None:
         snapshot.restore()
     flags.restore(torch)
     result, defined, loaders = _assemble(torch, instruments, request, namespace, used, gpu_phases, peak_memory,
                                          loop_source, error, run_seconds, cuda_before)
+    if created and not request.keep:
+        result.notes.append(f"{', '.join(created)}: made by the cell itself, so they keep the steps it ran (only "
+                            "what existed before the cell is put back).")
     if request.apply and error is None and not request.keep:
         result = _apply(torch, run, request, namespace, loop_source, progress, result, loaders)
     return Profiled(result=result, value=value, error=error, defined=defined)

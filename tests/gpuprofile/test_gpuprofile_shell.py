@@ -422,3 +422,11 @@ def test_apply_says_why_nothing_was_applied_when_the_step_cannot_be_lifted(ip) -
 def test_apply_options_that_contradict_are_one_sentence(ip, line: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         ip.run_cell_magic("gpuprofile", line, "pass")
+
+
+def test_objects_the_cell_makes_itself_keep_their_steps_and_the_report_says_so(ip) -> None:
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 2 --warmup 1\nnet = nn.Linear(32, 10)\n"
+                         "sgd = torch.optim.SGD(net.parameters(), lr=0.1)\nfor x, y in loader:\n"
+                         "    sgd.zero_grad()\n    loss_fn(net(x), y).backward()\n    sgd.step()\n").result
+    assert any(note.startswith("net, sgd: made by the cell itself") for note in result.notes), result.notes
