@@ -34,11 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpu.gpuprofile.kernels import GpuEvent
 from jupyter_gpu.gpuprofile.result import BACKWARD, COPIES, DATA, FORWARD, GC, OPTIMIZER, SYNC
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 
 OPTIMIZER_STEPS, BATCHES, ONE_RUN = "optimizer steps", "DataLoader batches", "one run of the cell"
+TIMELINE_STEPS = 3  # steps under torch.profiler for the kernel timeline (CUDA only), after the counted step
 
 
 class StopProfile(BaseException):
@@ -101,6 +103,12 @@ class Instruments:
         self._library = _library_prefixes(torch)
         self._torch_dir = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "")
         self._open_gpu: dict[str, Any] = {}
+        self.kineto: Any = None
+        self.timeline_steps_left = 0
+        self.kernel_events: list[GpuEvent] = []
+        self.kernel_window: tuple[float, float] = (0.0, 0.0)
+        self.kernel_steps = 0
+        self.timeline_error: str | None = None
         self._profiling_started: float | None = None
 
     # -- installing ------------------------------------------------------------------------------------------
@@ -140,6 +148,8 @@ class Instruments:
             self._undo.pop()()
         if self.census is not None:
             self._end_census()
+        if self.kineto is not None:
+            self._end_kernel_timeline()
 
     def _wrap(self, owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> None:
         own = name in vars(owner)
@@ -161,7 +171,16 @@ class Instruments:
         if self.census is not None:
             self._end_census()
             self.census_record = record
-            self.stop_pending = True
+            if cuda_initialized(self.torch) and self.plan.census:
+                self._start_kernel_timeline()
+            else:
+                self.stop_pending = True
+            return
+        if self.kineto is not None:
+            self.timeline_steps_left -= 1
+            if self.timeline_steps_left <= 0:
+                self._end_kernel_timeline()
+                self.stop_pending = True
             return
         self.records.append(record)
         warmup = self.plan.warmup
@@ -186,9 +205,33 @@ class Instruments:
         """The cell ended by itself: a cell with no loop is one step; a loop's unfinished last step is dropped."""
         if self.census is not None:
             self._end_census()
+        if self.kineto is not None:
+            self._end_kernel_timeline()
         if not self.records and self.mode is None:
             self.mode = ONE_RUN
             self.records.append(self.timeline.boundary())
+
+    def _start_kernel_timeline(self) -> None:
+        """A few more steps under torch.profiler (CUDA activity): the kernel timeline. Any failure is reported as
+        what was not measured, never as the profile's failure."""
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.kineto = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self.kineto.__enter__()
+            self.timeline_steps_left = TIMELINE_STEPS
+        except Exception as exc:  # a profiler that cannot start here (CUPTI missing): said, not raised
+            self.kineto, self.stop_pending = None, True
+            self.timeline_error = f"torch.profiler could not start ({type(exc).__name__}: {exc})"
+
+    def _end_kernel_timeline(self) -> None:
+        profiler, self.kineto = self.kineto, None
+        try:
+            profiler.__exit__(None, None, None)
+            self.kernel_events, self.kernel_window = gpu_events(self.torch, profiler)
+            self.kernel_steps = TIMELINE_STEPS - max(self.timeline_steps_left, 0)
+        except Exception as exc:  # a trace torch could not give back: said, not raised
+            self.timeline_error = f"the kernel trace could not be read ({type(exc).__name__}: {exc})"
 
     def _start_census(self) -> None:
         from jupyter_gpu.gpuprofile.census import make_census
@@ -425,6 +468,26 @@ class Instruments:
     # -- afterwards --------------------------------------------------------------------------------------------
     def sync_source(self, site: tuple[str, int]) -> str:
         return linecache.getline(site[0], site[1]).strip()
+
+
+def gpu_events(torch: Any, profiler: Any) -> tuple[list[GpuEvent], tuple[float, float]]:
+    """The GPU events of a finished torch.profiler run, each with when the CPU started the runtime call that queued
+    it (linked by correlation id), in seconds; and the window the trace covers."""
+    events = profiler.profiler.kineto_results.events()
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    launches = {e.correlation_id(): e.start_ns() for e in events
+                if e.device_type() == cpu and e.correlation_id() and e.name().startswith(("cuda", "cu"))}
+    found = []
+    for event in events:
+        if event.device_type() != cuda or "Sync" in event.name():
+            continue
+        launched = launches.get(event.correlation_id()) or launches.get(event.linked_correlation_id())
+        found.append(GpuEvent(start=event.start_ns() / 1e9, end=event.end_ns() / 1e9,
+                              stream=int(event.device_resource_id()),
+                              launched=launched / 1e9 if launched else None))
+    starts = [e.start_ns() for e in events]
+    ends = [e.end_ns() for e in events]
+    return found, ((min(starts) / 1e9, max(ends) / 1e9) if events else (0.0, 0.0))
 
 
 def _add_into(total: StepRecord, record: StepRecord) -> None:

@@ -80,6 +80,12 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         add("memory-bound operators (fusion candidates)", compute * result.memory_bound_share,
             "model = torch.compile(model)  (or %speedprobe STEP --try compile)",
             f"{result.memory_bound_share:.0%} of operator time in operators below the ridge point")
+    timeline = result.gpu_timeline
+    if timeline is not None and timeline.launch_bound:
+        add("launch-bound: the GPU waits between many short kernels", timeline.host_wait + timeline.kernel_wait,
+            "model = torch.compile(model, mode=\"reduce-overhead\")  (fusion and CUDA graphs)",
+            f"{timeline.kernels_per_step:.0f} kernels per step, median {format_seconds(timeline.median_kernel)}, "
+            f"GPU busy {timeline.busy:.0%}")
     gc_bucket = result.bucket(GC)
     if gc_bucket is not None and gc_bucket.share >= GC_SHARE:
         add("garbage collection pauses", gc_bucket.seconds,

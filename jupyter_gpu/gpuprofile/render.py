@@ -89,6 +89,13 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
         if result.of_ceiling is not None:
             text += f"; the step reaches {result.of_ceiling:.0%} of it"
         rows.append(("measured ceiling", text + f" (measured in {format_seconds(ceiling.seconds)})"))
+    timeline = result.gpu_timeline
+    if timeline is not None:
+        rows.append(("GPU timeline", f"busy {timeline.busy:.0%} over {timeline.steps} steps; idle per step: "
+                                     f"{format_seconds(timeline.host_wait)} waiting for the host, "
+                                     f"{format_seconds(timeline.kernel_wait)} between kernels, "
+                                     f"{format_seconds(timeline.other_wait)} other; {timeline.kernels_per_step:.0f} "
+                                     f"kernels per step, median {format_seconds(timeline.median_kernel)}"))
     if result.copies is not None:
         c = result.copies
         rows.append(("host→device", f"{c.count:g} copies/step, {format_bytes(c.bytes)}/step, {c.pageable:g} from "

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from jupyter_gpu.gpuprofile.kernels import GpuTimeline
 from jupyter_gpu.models import RichResult
 
 
@@ -230,7 +231,8 @@ class ProfileResult(RichResult):
     memory_bound_share: float | None = None      # share of the census step's operator time in memory-bound ops
     plan: list[PlanItem] = field(default_factory=list)
     ready_steps: list[ReadyStep] = field(default_factory=list)
-    gpu_busy: float | None = None                # share of the profiled steps the GPU ran kernels (CUDA only)
+    gpu_busy: float | None = None                # share of the timeline steps the GPU ran kernels (CUDA only)
+    gpu_timeline: GpuTimeline | None = None      # the kernel timeline over a few steps after the profiled ones
     overhead_seconds: float | None = None        # instrumentation cost per step, measured
     peak_memory: int | None = None               # bytes, over the profiled steps
     batch_size: int | None = None                # samples per batch, where the batches told
@@ -284,11 +286,12 @@ class ProfileResult(RichResult):
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}
         nested = ("breakdown", "syncs", "operators", "plan", "ready_steps")
-        out = {k: v for k, v in plain.items() if k not in (*nested, "copies", "ceiling", "applied")}
+        out = {k: v for k, v in plain.items() if k not in (*nested, "copies", "ceiling", "applied", "gpu_timeline")}
         out["applied"] = self.applied.to_dict() if self.applied else None
         out.update({k: [item.to_dict() for item in plain[k]] for k in nested})
         out["copies"] = self.copies.to_dict() if self.copies else None
         out["ceiling"] = self.ceiling.to_dict() if self.ceiling else None
+        out["gpu_timeline"] = self.gpu_timeline.to_dict() if self.gpu_timeline else None
         out.update(steps=self.steps, seconds=self.seconds, achieved_flops=self.achieved_flops, mfu=self.mfu,
                    of_ceiling=self.of_ceiling, samples_per_second=self.samples_per_second)
         return out

@@ -19,6 +19,7 @@ from typing import Any
 
 from jupyter_gpu.gpuprofile import lift, plan
 from jupyter_gpu.gpuprofile.instrument import ONE_RUN, Instruments, ProfilePlan, StopProfile, loaders_seen
+from jupyter_gpu.gpuprofile.kernels import analyse
 from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
 from jupyter_gpu.gpuprofile.result import (
     BACKWARD,
@@ -291,13 +292,14 @@ def _assemble(torch: Any, instruments: Instruments, request: ProfileRequest, nam
     if totals is None and profiled:
         not_measured.append("FLOPs and operators: the cell stopped before the extra step they are counted on.")
     ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds))
+    timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)
     operators, memory_share = _operators(totals, ceiling)
     if not device.startswith("cuda"):
         not_measured.append("On the CPU: no GPU timeline, no per-phase GPU time and no datasheet MFU; the measured "
                             "matmul ceiling applies instead.")
-    else:
-        not_measured.append("GPU timeline (busy %, idle time split into host wait and kernel wait, kernels per "
-                            "step): not built yet.")
+    elif timeline is None:
+        not_measured.append("The GPU timeline (busy %, idle time, kernels per step): "
+                            + (instruments.timeline_error or "the cell stopped before its steps ran") + ".")
         if ceiling is not None and ceiling.datasheet_flops is None:
             not_measured.append(f"MFU: {_device_name(torch, device)} has no {compute} peak in the table "
                                 "(peak unknown); the measured ceiling applies.")
@@ -314,6 +316,7 @@ def _assemble(torch: Any, instruments: Instruments, request: ProfileRequest, nam
         batch_size=instruments.batch_size, overhead_seconds=overhead, not_measured=not_measured, notes=notes,
         interrupted=isinstance(error, KeyboardInterrupt),
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
+        gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
         ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses])
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):

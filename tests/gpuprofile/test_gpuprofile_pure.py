@@ -287,3 +287,43 @@ def test_to_dict_is_plain_data() -> None:
     data = profile().to_dict()
     assert json.loads(json.dumps(data))["syncs"][0]["line"] == 14
     assert data["steps"] == 20 and data["mfu"] == pytest.approx(40e12 / 989e12)
+
+
+# -- the kernel timeline ------------------------------------------------------------------------------------------
+
+def test_idle_gaps_are_split_as_hta_splits_them_and_busy_counts_overlap_once() -> None:
+    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+
+    us = 1e-6
+    events = [
+        GpuEvent(0 * us, 100 * us, stream=7, launched=-5 * us),
+        GpuEvent(110 * us, 200 * us, stream=7, launched=50 * us),    # 10 µs gap, launched early: kernel wait
+        GpuEvent(300 * us, 400 * us, stream=7, launched=250 * us),   # 100 µs gap, launched after 200: host wait
+        GpuEvent(500 * us, 600 * us, stream=7, launched=310 * us),   # 100 µs gap, launched early: other
+        GpuEvent(150 * us, 250 * us, stream=8, launched=140 * us),   # overlaps stream 7: busy counts it once
+    ]
+    timeline = analyse(events, steps=2, window=(0.0, 1000 * us))
+    assert timeline is not None
+    assert timeline.busy == pytest.approx((100 + 140 + 100 + 100) / 1000)  # 0-100, 110-250, 300-400, 500-600
+    assert timeline.kernel_wait == pytest.approx(10 * us / 2)
+    assert timeline.host_wait == pytest.approx(100 * us / 2)
+    assert timeline.other_wait == pytest.approx(100 * us / 2)
+    assert timeline.kernels_per_step == 2.5 and timeline.median_kernel == pytest.approx(100 * us)
+    assert not timeline.launch_bound
+
+
+def test_many_short_kernels_with_an_idle_gpu_are_launch_bound_and_planned() -> None:
+    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+
+    events = [GpuEvent(i * 50e-6, i * 50e-6 + 5e-6, stream=7, launched=i * 50e-6 + 1e-6) for i in range(400)]
+    timeline = analyse(events, steps=2, window=(0.0, 0.02))
+    assert timeline is not None and timeline.launch_bound and timeline.busy == pytest.approx(0.1)
+    result = with_plan(profile(gpu_timeline=timeline, gpu_busy=timeline.busy), loaders=[], total_memory=None)
+    item = next(i for i in result.plan if i.cause.startswith("launch-bound"))
+    assert "reduce-overhead" in item.command and "200 kernels per step" in item.detail
+
+
+def test_no_events_no_timeline() -> None:
+    from jupyter_gpu.gpuprofile.kernels import analyse
+
+    assert analyse([], steps=3, window=(0.0, 1.0)) is None

@@ -51,6 +51,10 @@ def test_each_phase_gets_its_gpu_time_and_the_mfu_its_datasheet_peak() -> None:
     assert result.of_ceiling is not None and 0 < result.of_ceiling < 1.5
     assert result.copies is not None and result.copies.count == pytest.approx(2.0)  # x and y, pageable
     assert result.peak_memory and result.peak_memory > 0
+    timeline = result.gpu_timeline  # three steps under torch.profiler after the counted one
+    assert timeline is not None and timeline.steps == 3, result.not_measured
+    assert 0 < timeline.busy <= 1 and timeline.kernels_per_step > 3 and timeline.median_kernel > 0
+    assert result.gpu_busy == timeline.busy
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
