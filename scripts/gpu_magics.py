@@ -173,6 +173,11 @@ def run(out: Path, limit: int) -> int:
     session.magic("%dataprobe", "%dataprobe loader --step data_step --workers 0,2 --seconds 20 -o -q", limit=60)
     session.magic("%speedprobe", "%speedprobe step --try amp-bf16,tf32,fused-optimizer --steps 8 -o -q")
     session.magic("%gpumem", "%gpumem -o -q")
+    # The training loop as a notebook writes it: the profile's headline, its plan and the GPU timeline's busy share.
+    session.magic("%%gpuprofile", "%%gpuprofile -o -q --steps 10 --warmup 3\nfor epoch in range(50):\n"
+                  "    for x, y in loader:\n        x, y = x.to(DEVICE), y.to(DEVICE)\n"
+                  "        loss = nn.functional.cross_entropy(model(x), y)\n        loss.backward()\n"
+                  "        opt.step()\n        opt.zero_grad()\n        seen = loss.item()\n", limit=90)
     # The panel samples in a thread: give it a few readings before its text is taken.
     session.magic("%gpupanel", "panel = %gpupanel -o --interval 0.5\nimport time; time.sleep(2)\npanel",
                   describe=panel_headline)
