@@ -37,7 +37,7 @@ PURE = [
     "jupyter_gpu.probekit.exceptions", "jupyter_gpu.probekit.device_memory",
     "jupyter_gpu.gpuprofile", "jupyter_gpu.gpuprofile.peaks", "jupyter_gpu.gpuprofile.result",
     "jupyter_gpu.gpuprofile.timeline", "jupyter_gpu.gpuprofile.plan", "jupyter_gpu.gpuprofile.lift",
-    "jupyter_gpu.gpuprofile.render", "jupyter_gpu.gpuprofile.kernels",
+    "jupyter_gpu.gpuprofile.render", "jupyter_gpu.gpuprofile.kernels", "jupyter_gpu.gpuprofile.request",
     "jupyter_gpu.dataprobe", "jupyter_gpu.dataprobe.settings", "jupyter_gpu.dataprobe.result",
     "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
@@ -80,7 +80,7 @@ PROBE_PREFIXES = ["jupyter_gpu.facts", "jupyter_gpu.metrics.backends.nvml",
                   "jupyter_gpu.distributed.allreduce", "jupyter_gpu.distributed.allreduce_worker",
                   "jupyter_gpu.gpuprofile.instrument", "jupyter_gpu.gpuprofile.census",
                   "jupyter_gpu.gpuprofile.ceiling", "jupyter_gpu.gpuprofile.batches", "jupyter_gpu.gpuprofile.runner",
-                  "jupyter_gpu.gpuprofile.apply"]
+                  "jupyter_gpu.gpuprofile.apply", "jupyter_gpu.gpuprofile.assemble"]
 SURFACE_PREFIXES = ["jupyter_gpu.magics", "jupyter_gpu.widgets", "jupyter_gpu.server.extension",
                     "jupyter_gpu.server.handlers", "jupyter_gpu.cli", "jupyter_gpu.autoload.extension"]
 

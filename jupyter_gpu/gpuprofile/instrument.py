@@ -93,7 +93,6 @@ class Instruments:
         self.samplers: list[Any] = []  # the index sampler of each DataLoader that yielded (names it afterwards)
         self.last_batch: Any = None
         self.batch_size: int | None = None
-        self.matmul_dtypes: dict[str, int] = {}
         self.gpu_events: list[tuple[int, str, Any, Any]] = []  # (step index, bucket, start, end)
         self._on_step = on_step
         self._main = threading.get_ident()
@@ -109,7 +108,6 @@ class Instruments:
         self.kernel_window: tuple[float, float] = (0.0, 0.0)
         self.kernel_steps = 0
         self.timeline_error: str | None = None
-        self._profiling_started: float | None = None
 
     # -- installing ------------------------------------------------------------------------------------------
     def install(self) -> None:
@@ -131,7 +129,7 @@ class Instruments:
                            ("formatting a tensor", "__format__"), ("printing a tensor", "__repr__"),
                            (".nonzero()", "nonzero")):
             self._wrap(tensor, kind, lambda original, label=name: self._read_wrapper(original, label))
-        self._wrap(tensor, "cpu", lambda original: self._read_wrapper(original, ".cpu()", device_only=False))
+        self._wrap(tensor, "cpu", lambda original: self._read_wrapper(original, ".cpu()"))
         self._wrap(tensor, "__getitem__", self._index_wrapper)
         self._wrap(tensor, "to", self._to_wrapper)
         self._wrap(tensor, "cuda", self._to_wrapper)
@@ -184,8 +182,6 @@ class Instruments:
             return
         self.records.append(record)
         warmup = self.plan.warmup
-        if len(self.records) == warmup:
-            self._profiling_started = time.perf_counter()
         profiled = len(self.records) - warmup
         if self._on_step is not None:
             self._on_step(f"warm-up step {len(self.records)} of {warmup}" if profiled <= 0 else
@@ -359,8 +355,7 @@ class Instruments:
             self.gpu_events.append((len(self.records), bucket, start, end))
 
     # -- reads of tensor values ----------------------------------------------------------------------------------
-    def _read_wrapper(self, original: Any, label: str, device_only: bool = False,
-                      tensor_arg: bool = True) -> Callable[..., Any]:
+    def _read_wrapper(self, original: Any, label: str, tensor_arg: bool = True) -> Callable[..., Any]:
         instruments = self
 
         def read(*args: Any, **kwargs: Any) -> Any:

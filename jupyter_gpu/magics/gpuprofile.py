@@ -52,7 +52,8 @@ class GpuProfileMagics(Magics):
         if cell is not None and not cell.strip():
             raise UsageError("%%gpuprofile has an empty cell: there is no training loop to profile.")
         from jupyter_gpu.gpuprofile.lift import LoopSource
-        from jupyter_gpu.gpuprofile.runner import DEFAULT_STEPS, GpuProfileError, ProfileRequest, profile_run
+        from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, ProfileRequest
+        from jupyter_gpu.gpuprofile.runner import GpuProfileError, profile_run
         from jupyter_gpu.magics.cell import compile_cell
 
         namespace = self.shell.user_ns

@@ -1,0 +1,250 @@
+"""What the hooks recorded, turned into a `ProfileResult`: the profiled steps' buckets, syncs and copies, the census
+step's FLOPs and operators, the measured ceiling and the datasheet peak, the hooks' own cost, the ready steps (defined
+in the notebook) and the plan."""
+
+from __future__ import annotations
+
+import linecache
+import platform
+import statistics
+import time
+from typing import Any
+
+from jupyter_gpu.gpuprofile import lift, plan
+from jupyter_gpu.gpuprofile.instrument import ONE_RUN, Instruments, ProfilePlan, loaders_seen
+from jupyter_gpu.gpuprofile.kernels import analyse
+from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
+from jupyter_gpu.gpuprofile.request import ProfileRequest
+from jupyter_gpu.gpuprofile.result import (
+    BACKWARD,
+    BUCKETS,
+    DATA,
+    FORWARD,
+    OPTIMIZER,
+    Bucket,
+    Ceiling,
+    Copies,
+    Operator,
+    ProfileResult,
+    Sync,
+    middle_half,
+)
+from jupyter_gpu.kernel_torch import cuda_initialized
+
+TOP_OPERATORS = 10
+# The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the
+# profile stays short, on a slow one the matmul is timed long enough to be steady.
+CEILING_SHARE, CEILING_MIN_SECONDS, CEILING_MAX_SECONDS = 0.1, 0.05, 0.35
+
+
+def _device_of(torch: Any, objects: Any, instruments: Instruments) -> str:
+    device = objects.device()
+    if device is not None:
+        return str(device)
+    return "cuda" if instruments.gpu_events else "cpu"
+
+
+def _device_name(torch: Any, device: str) -> str:
+    if device.startswith("cuda") and cuda_initialized(torch):
+        return str(torch.cuda.get_device_name(torch.device(device).index or 0))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
+
+
+def _compute_format(torch: Any, device: str, flops_by_dtype: dict[str, int]) -> str:
+    """The format carrying most of the step's FLOPs: bf16/fp16 (autocast or low-precision weights), else fp32,
+    which runs as TF32 on a CUDA device where TF32 is enabled."""
+    if not flops_by_dtype:
+        return FP32
+    dtype = max(flops_by_dtype, key=flops_by_dtype.__getitem__)
+    if dtype == "torch.bfloat16":
+        return BF16
+    if dtype == "torch.float16":
+        return FP16
+    if device.startswith("cuda"):
+        from jupyter_gpu.speedprobe.flags import tf32_enabled
+
+        if tf32_enabled(torch):
+            return TF32
+    return FP32
+
+
+def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, namespace: dict[str, Any], used: Any,
+              gpu_phases: dict[tuple[int, str], float], peak_memory: int | None, loop_source: lift.LoopSource | None,
+              error: BaseException | None, run_seconds: float, cuda_before: bool
+              ) -> tuple[ProfileResult, list[str], list[str]]:
+    records = instruments.records
+    warmup = min(request.warmup, max(len(records) - 1, 0)) if instruments.mode != ONE_RUN else 0
+    profiled = records[warmup:]
+    warm = records[:warmup]
+    device = _device_of(torch, used, instruments)
+    notes: list[str] = []
+    not_measured: list[str] = []
+    wanted = request.steps or 0
+    if instruments.mode == ONE_RUN:
+        notes.append("No optimizer step and no DataLoader batch: the cell's one run is profiled as one step.")
+    elif error is None and not instruments.stopped and request.steps and len(profiled) < wanted:
+        notes.append(f"The cell ended after {len(records)} {instruments.mode}: {len(warm)} warm-up and "
+                     f"{len(profiled)} profiled instead of {request.warmup} + {wanted}.")
+    if instruments.mode == "DataLoader batches":
+        notes.append("No optimizer step ran, so each DataLoader batch is a step (an evaluation or inference loop).")
+    if isinstance(error, KeyboardInterrupt):
+        notes.append(f"Interrupted after {len(records)} steps: what was measured is shown.")
+    step_seconds = [r.seconds for r in profiled]
+    middle = middle_half(step_seconds)
+    step = statistics.fmean(step_seconds[i] for i in middle) if middle else 0.0
+    breakdown = []
+    for key in BUCKETS:
+        values = [r.buckets.get(key, 0.0) for r in profiled]
+        if not values or (not any(values) and key not in (DATA, FORWARD, BACKWARD, OPTIMIZER)):
+            continue
+        seconds = statistics.fmean(values[i] for i in middle)
+        gpu = [gpu_phases.get((warmup + i, key), 0.0) for i in middle] if gpu_phases else []
+        breakdown.append(Bucket(key=key, seconds=seconds, low=min(values), high=max(values),
+                                share=seconds / step if step else 0.0,
+                                gpu_seconds=statistics.fmean(gpu) if gpu and any(gpu) else None))
+    steps = max(len(profiled), 1)
+    sites: dict[tuple[str, int], list[float]] = {}
+    for record in profiled:
+        for site, calls in record.sync_calls.items():
+            entry = sites.setdefault(site, [0.0, 0.0])
+            entry[0] += calls
+            entry[1] += record.sync_seconds.get(site, 0.0)
+    syncs = sorted((Sync(file=site[0], line=site[1], source=instruments.sync_source(site),
+                         kinds=tuple(instruments.sites[site].kinds), per_step=calls / steps, seconds=seconds / steps)
+                    for site, (calls, seconds) in sites.items()), key=lambda s: (-s.seconds, -s.per_step, s.line))
+    copies = None
+    if any(r.copies for r in profiled):
+        copies = Copies(count=sum(r.copies for r in profiled) / steps,
+                        bytes=sum(r.copy_bytes for r in profiled) / steps,
+                        pageable=sum(r.pageable_copies for r in profiled) / steps,
+                        blocking=sum(r.blocking_copies for r in profiled) / steps,
+                        seconds=sum(r.buckets.get("copies", 0.0) for r in profiled) / steps)
+    totals = instruments.census_totals
+    flops = totals.flops if totals is not None and totals.flops else None
+    compute = _compute_format(torch, device, totals.flops_by_dtype if totals is not None else {})
+    if totals is None and profiled:
+        not_measured.append("FLOPs and operators: the cell stopped before the extra step they are counted on.")
+    ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds))
+    timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)
+    operators, memory_share = _operators(totals, ceiling)
+    if not device.startswith("cuda"):
+        not_measured.append("On the CPU: no GPU timeline, no per-phase GPU time and no datasheet MFU; the measured "
+                            "matmul ceiling applies instead.")
+    elif timeline is None:
+        not_measured.append("The GPU timeline (busy %, idle time, kernels per step): "
+                            + (instruments.timeline_error or "the cell stopped before its steps ran") + ".")
+        if ceiling is not None and ceiling.datasheet_flops is None:
+            not_measured.append(f"MFU: {_device_name(torch, device)} has no {compute} peak in the table "
+                                "(peak unknown); the measured ceiling applies.")
+    overhead = _overhead(torch, profiled)
+    loaders = loaders_seen(namespace, instruments.samplers, torch.utils.data.DataLoader)
+    ready, defined = lift.ready_steps(loop_source, instruments.loop_sites, namespace, loaders,
+                                      accumulation=_accumulation(instruments), batch=instruments.last_batch)
+    _define(ready, namespace, instruments.last_batch if defined else None)
+    result = ProfileResult(
+        device=device, device_name=_device_name(torch, device), counted=instruments.mode or ONE_RUN,
+        step_seconds=step_seconds, warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
+        breakdown=breakdown, syncs=syncs, copies=copies, flops=flops, compute=compute, ceiling=ceiling,
+        operators=operators, memory_bound_share=memory_share, peak_memory=peak_memory,
+        batch_size=instruments.batch_size, overhead_seconds=overhead, not_measured=not_measured, notes=notes,
+        interrupted=isinstance(error, KeyboardInterrupt),
+        error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
+        gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
+        ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses])
+    total_memory = None
+    if device.startswith("cuda") and cuda_initialized(torch):
+        total_memory = int(torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory)
+    result = plan.with_plan(result, loaders=loaders, total_memory=total_memory)
+    return result, defined, loaders
+
+
+def _define(ready: list[Any], namespace: dict[str, Any], batch: Any) -> None:
+    """Define the lifted steps in the notebook, their source in the line cache so a traceback shows it."""
+    for step in ready:
+        if step.name is None:
+            continue
+        filename = f"<%%gpuprofile {step.name}>"
+        linecache.cache[filename] = (len(step.code), None, step.code.splitlines(True), filename)
+        exec(compile(step.code, filename, "exec"), namespace)
+    if batch is not None:
+        namespace[lift.BATCH] = batch
+
+
+def _accumulation(instruments: Instruments) -> int:
+    """DataLoader batches per optimizer step (gradient accumulation), from what the loop did."""
+    if not instruments.optimizer_steps or not instruments.batches:
+        return 1
+    return max(1, round(instruments.batches / instruments.optimizer_steps))
+
+
+def _ceiling(torch: Any, device: str, compute: str, notes: list[str], not_measured: list[str],
+             profiled_seconds: float) -> Ceiling | None:
+    from jupyter_gpu.gpuprofile.ceiling import measure_ceiling
+
+    try:
+        budget = min(max(CEILING_SHARE * profiled_seconds, CEILING_MIN_SECONDS), CEILING_MAX_SECONDS)
+        matmul, bandwidth, seconds = measure_ceiling(torch, device, compute, budget)
+    except (RuntimeError, TypeError) as exc:
+        not_measured.append(f"The measured ceiling: a {compute} matmul on {device} failed ({exc}).")
+        return None
+    peak = find_peak(_device_name(torch, device)) if device.startswith("cuda") else None
+    return Ceiling(device=device, compute=compute, matmul_flops=matmul, bandwidth=bandwidth, seconds=seconds,
+                   datasheet_name=peak.name if peak else None,
+                   datasheet_flops=peak.peak_flops(compute) if peak else None,
+                   datasheet_bandwidth=peak.bandwidth_gbs * 1e9 if peak else None,
+                   datasheet_source=peak.source if peak else None)
+
+
+def _operators(totals: Any, ceiling: Ceiling | None) -> tuple[list[Operator], float | None]:
+    if totals is None:
+        return [], None
+    ridge = ceiling.ridge_point if ceiling else None
+    found = []
+    for name, count in totals.operators.items():
+        if not count.bytes and not count.flops:
+            continue  # views and metadata: nothing computed, nothing moved
+        intensity = count.flops / count.bytes if count.bytes else None
+        bound = None if ridge is None or intensity is None else ("compute" if intensity >= ridge else "memory")
+        if ridge is not None and count.bytes and not count.flops:
+            bound = "memory"  # no FLOPs counted (elementwise, norms, copies): it only moves data
+        found.append(Operator(name=name, calls=count.calls, seconds=count.seconds, flops=count.flops,
+                              bytes=count.bytes, bound=bound))
+    found.sort(key=lambda op: -op.seconds)
+    total = sum(op.seconds for op in found)
+    memory = sum(op.seconds for op in found if op.bound == "memory")
+    return found[:TOP_OPERATORS], (memory / total if total and ridge is not None else None)
+
+
+def _overhead(torch: Any, profiled: list[Any]) -> float | None:
+    """The hooks' own cost per step: what one hooked module call and one timeline event cost here, measured now,
+    times how many of each a profiled step made."""
+    if not profiled:
+        return None
+    module = torch.nn.Identity()
+    tensor = torch.zeros(1)
+    calls = 500
+
+    def timed() -> float:
+        began = time.perf_counter()
+        for _ in range(calls):
+            module(tensor)
+        return time.perf_counter() - began
+
+    bare = min(timed() for _ in range(3))
+    scratch = Instruments(torch, ProfilePlan(warmup=10 ** 9, steps=None, seconds=None, census=False))
+    scratch.install()
+    try:
+        hooked = min(timed() for _ in range(3))
+    finally:
+        scratch.uninstall()
+    per_call = max(hooked - bare, 0.0) / calls
+    module_calls = statistics.median(r.module_calls for r in profiled)
+    events = statistics.median(r.events for r in profiled)
+    return module_calls * per_call + max(events - module_calls, 0) * per_call / 2
