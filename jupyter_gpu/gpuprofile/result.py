@@ -3,6 +3,8 @@ limit, and what to fix first. Pure Python."""
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -69,8 +71,10 @@ class Sync:
 
     @property
     def where(self) -> str:
-        return f"line {self.line}" if self.file.startswith("<") or "ipython-input" in self.file \
-            else f"{self.file}:{self.line}"
+        """"line 14" in a notebook cell (IPython's `<ipython-input-...>`, ipykernel's `/tmp/ipykernel_<pid>/<hash>.py`),
+        "train.py:14" in a file."""
+        in_cell = self.file.startswith("<") or re.search(r"ipykernel_\d+[/\\]\d+\.py$", self.file) is not None
+        return f"line {self.line}" if in_cell else f"{os.path.basename(self.file)}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "where": self.where}

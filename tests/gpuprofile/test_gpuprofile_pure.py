@@ -327,3 +327,11 @@ def test_no_events_no_timeline() -> None:
     from jupyter_gpu.gpuprofile.kernels import analyse
 
     assert analyse([], steps=3, window=(0.0, 1.0)) is None
+
+
+@pytest.mark.parametrize(("file", "where"), [
+    ("<ipython-input-3-5f2a>", "line 14"), ("/tmp/ipykernel_16749/1208385271.py", "line 14"),
+    ("/home/me/project/train.py", "train.py:14"),
+])
+def test_a_sync_in_a_notebook_cell_is_named_by_its_line(file: str, where: str) -> None:
+    assert Sync(file, 14, "x.item()", (".item()",), 1.0, 0.0).where == where
