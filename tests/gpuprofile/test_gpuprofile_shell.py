@@ -394,7 +394,8 @@ def test_apply_runs_the_loop_again_with_the_loader_dataprobe_recommends(ip) -> N
     assert any(title.startswith("loader: ") and "worker" in title for title in applied.applied), applied.applied
     assert any(command.startswith("%dataprobe loader --step profile_step") for command in applied.checked)
     assert any(command.startswith("%speedprobe profile_train_step") for command in applied.checked)
-    assert applied.after.data_share < applied.before.data_share
+    # The wait per step falls; its share need not (with 2 workers the loop still waits on a sleep-bound loader).
+    assert applied.after.data_share * applied.after.seconds < applied.before.data_share * applied.before.seconds
     assert applied.speedup is not None and applied.speedup > 1.3  # a sleep-bound loader: workers overlap the sleeps
     assert len(applied.before.losses) == len(applied.after.losses) == 8
     assert any("DataLoader(" in line for line in applied.code)
