@@ -92,8 +92,14 @@ def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
     swept = [trial for trial in result.trials if trial.stage in (SWEEP, RECHECK)]
     assert all(len(trial.rates) >= 2 for trial in swept)  # every setting measured more than once
     assert {trial.settings.num_workers for trial in result.trials} == {0, 1, 2}
-    assert {trial.settings.prefetch_factor for trial in swept if trial.settings.num_workers} >= {2, 4}
-    assert {trial.settings.persistent_workers for trial in swept if trial.settings.num_workers} == {True, False}
+    # Deeper prefetch and non-persistent workers are swept unless the probe says why not: two workers keep up with
+    # this step by design, and when their measured wait is under the "keeps up" line the engine leaves the variants
+    # out (it did in 1 of 11 clean-clone runs). Either way the result says what it tried.
+    prefetch = {trial.settings.prefetch_factor for trial in swept if trial.settings.num_workers}
+    persistent = {trial.settings.persistent_workers for trial in swept if trial.settings.num_workers}
+    if not (prefetch >= {2, 4} and persistent == {True, False}):
+        assert any(skip.startswith("deeper prefetch") for skip in result.skipped), (prefetch, persistent,
+                                                                                    result.skipped)
     assert all(trial.mode == LOOP for trial in result.trials[1:])
     assert not any(trial.settings.pin_memory for trial in result.trials)  # pinning is for a GPU step
 
