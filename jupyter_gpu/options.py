@@ -93,9 +93,6 @@ def validate(options: argparse.Namespace) -> None:
         raise OptionsError("--distributed checks the whole notebook; NAMEs only narrow the usual check.")
 
 
-GPUTIME_VALUE_FLAGS = frozenset({"-n", "-r", "-w", "--budget", "-l", "--label"})
-
-
 def gputime_parser(prog: str = "%gputime") -> SentenceParser:
     parser = SentenceParser(prog=prog, add_help=False,
                             usage="%%%(prog)s [options]  or  %(prog)s [options] STATEMENT",
@@ -127,12 +124,14 @@ def validate_gputime(options: argparse.Namespace) -> None:
         raise OptionsError("--budget sets the time --auto may spend; add --auto or use -n/-r instead.")
 
 
-def split_magic_line(line: str, value_flags: frozenset[str]) -> tuple[list[str], str]:
+def split_magic_line(line: str, parser: argparse.ArgumentParser) -> tuple[list[str], str]:
     """Split `-n 10 -r 3 x @ y` into the option tokens and the statement text, kept verbatim.
 
     Options come first; the statement starts at the first token that is neither an option nor an
     option's value (or after `--`). The statement is not shell-split, so `a - b` or quotes survive.
+    Which options take a value is the parser's own knowledge, so a new option cannot be forgotten here.
     """
+    value_flags = {flag for action in parser._actions if action.nargs != 0 for flag in action.option_strings}
     tokens: list[str] = []
     position = 0
     expecting_value = False
@@ -382,9 +381,6 @@ def gpumem_parser(prog: str = "%gpumem") -> SentenceParser:
     return parser
 
 
-GPUPROFILE_VALUE_FLAGS = frozenset({"--steps", "--warmup", "--seconds"})
-
-
 def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
     parser = SentenceParser(prog=prog, add_help=False,
                             usage="%%%%gpuprofile [options]  (on the training cell)  or  %%gpuprofile [options] "
@@ -401,6 +397,8 @@ def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
                         help="then run the loop again with the fixes that need no edit (checked by %%speedprobe and "
                              "%%dataprobe) and show before and after")
     parser.add_argument("--compile", action="store_true", help="with --apply, try torch.compile too")
+    parser.add_argument("--data-seconds", type=seconds_type("--data-seconds"), default=None, metavar="S",
+                        help="with --apply, how long %%dataprobe may measure DataLoader settings (default 10)")
     parser.add_argument("--keep", action="store_true",
                         help="keep what the steps did to the model, optimizer and RNGs (default: put back bitwise)")
     parser.add_argument("-o", dest="return_result", action="store_true",
@@ -414,5 +412,7 @@ def validate_gpuprofile(options: argparse.Namespace) -> None:
         raise OptionsError("--steps and --seconds both say when to stop; give one of them.")
     if options.compile and not options.apply:
         raise OptionsError("--compile says what --apply may try; add --apply.")
+    if options.data_seconds is not None and not options.apply:
+        raise OptionsError("--data-seconds is how long --apply's %dataprobe may take; add --apply.")
     if options.apply and options.keep:
         raise OptionsError("--apply runs the loop twice from the same state, so it cannot --keep what the steps did.")

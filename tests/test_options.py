@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpu.options import (
-    GPUTIME_VALUE_FLAGS,
     OptionsError,
     gputime_parser,
     split_magic_line,
@@ -27,7 +26,7 @@ from jupyter_gpu.options import (
     ("", [], ""),
 ])
 def test_split_magic_line(line: str, tokens: list[str], statement: str) -> None:
-    assert split_magic_line(line, GPUTIME_VALUE_FLAGS) == (tokens, statement)
+    assert split_magic_line(line, gputime_parser()) == (tokens, statement)
 
 
 def parse(*argv: str) -> object:

@@ -27,7 +27,6 @@ from jupyter_gpu.gpuprofile.result import DATA, ProfileResult
 
 OPTIONS = ("amp-bf16", "tf32", "channels-last", "fused-optimizer")
 PROBE_STEPS = 8
-DATA_SECONDS = 10.0
 
 
 @dataclass
@@ -43,7 +42,7 @@ class FixPlan:
 
 
 def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, loaders: list[str], *,
-                 compile_too: bool, progress: Callable[[str], None] | None) -> FixPlan:
+                 compile_too: bool, data_seconds: float, progress: Callable[[str], None] | None) -> FixPlan:
     """Ask the probes which fixes help this loop and keep its numbers."""
     plan = FixPlan()
     step = namespace.get(TRAIN_STEP)
@@ -89,8 +88,8 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
         from jupyter_gpu.dataprobe.runner import DataProbeRequest, run_dataprobe
 
         name = loaders[0]
-        plan.checked.append(f"%dataprobe {name} --step {DATA_STEP} --seconds {DATA_SECONDS:g}")
-        probe = run_dataprobe(namespace[name], namespace[DATA_STEP], DataProbeRequest(seconds=DATA_SECONDS),
+        plan.checked.append(f"%dataprobe {name} --step {DATA_STEP} --seconds {data_seconds:g}")
+        probe = run_dataprobe(namespace[name], namespace[DATA_STEP], DataProbeRequest(seconds=data_seconds),
                               loader_name=name, step_name=DATA_STEP, namespace=namespace, progress=progress)
         if probe.recommended_settings is not None and probe.recommended_settings != probe.current:
             plan.loader, plan.loader_settings, plan.loader_code = name, probe.recommended_settings, probe.code()

@@ -130,7 +130,8 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
     from jupyter_gpu.gpuprofile.result import AppliedFixes
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
-    fixes = choose_fixes(torch, namespace, before, loaders, compile_too=request.compile, progress=progress)
+    fixes = choose_fixes(torch, namespace, before, loaders, compile_too=request.compile,
+                         data_seconds=request.data_seconds, progress=progress)
     after = None
     if fixes.options or fixes.loader:
         objects = find_training_objects(namespace)

@@ -10,7 +10,6 @@ from IPython.display import display
 
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import (
-    GPUPROFILE_VALUE_FLAGS,
     OptionsError,
     gpuprofile_parser,
     help_from,
@@ -38,8 +37,8 @@ class GpuProfileMagics(Magics):
         __tracebackhide__ = True  # an error in the cell shows the cell's lines
         magic = "%%gpuprofile" if cell is not None else "%gpuprofile"
         try:
-            tokens, statement = split_magic_line(line, GPUPROFILE_VALUE_FLAGS)
-            options = gpuprofile_parser(magic).parse_args(tokens)
+            tokens, statement = split_magic_line(line, parser := gpuprofile_parser(magic))
+            options = parser.parse_args(tokens)
             validate_gpuprofile(options)
         except OptionsError as exc:
             raise UsageError(f"{magic}: {exc}") from None
@@ -52,7 +51,7 @@ class GpuProfileMagics(Magics):
         if cell is not None and not cell.strip():
             raise UsageError("%%gpuprofile has an empty cell: there is no training loop to profile.")
         from jupyter_gpu.gpuprofile.lift import LoopSource
-        from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, ProfileRequest
+        from jupyter_gpu.gpuprofile.request import DEFAULT_DATA_SECONDS, DEFAULT_STEPS, ProfileRequest
         from jupyter_gpu.gpuprofile.runner import GpuProfileError, profile_run
         from jupyter_gpu.magics.cell import compile_cell
 
@@ -73,7 +72,8 @@ class GpuProfileMagics(Magics):
 
         request = ProfileRequest(steps=None if options.seconds is not None else options.steps or DEFAULT_STEPS,
                                  warmup=options.warmup, seconds=options.seconds, keep=options.keep,
-                                 apply=options.apply, compile=options.compile)
+                                 apply=options.apply, compile=options.compile,
+                                 data_seconds=options.data_seconds or DEFAULT_DATA_SECONDS)
         try:
             profiled = profile_run(run, request, namespace=namespace, loop_source=LoopSource(compiled.filename),
                                    progress=None if options.quiet else ProgressLine())

@@ -12,7 +12,6 @@ from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.hub import Lease, shared_hub
 from jupyter_gpu.options import (
-    GPUTIME_VALUE_FLAGS,
     OptionsError,
     gputime_parser,
     help_from,
@@ -65,8 +64,8 @@ class GpuTimeMagics(Magics):
     def _parse(self, line: str, cell: str | None) -> tuple[Any, str]:
         magic = "%%gputime" if cell is not None else "%gputime"
         try:
-            tokens, statement = split_magic_line(line, GPUTIME_VALUE_FLAGS)
-            options = gputime_parser(magic).parse_args(tokens)
+            tokens, statement = split_magic_line(line, parser := gputime_parser(magic))
+            options = parser.parse_args(tokens)
             validate_gputime(options)
         except OptionsError as exc:
             raise UsageError(f"{magic}: {exc}") from None

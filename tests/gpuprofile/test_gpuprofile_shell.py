@@ -387,12 +387,13 @@ def test_apply_runs_the_loop_again_with_the_loader_dataprobe_recommends(ip) -> N
     ip.run_cell(SLOW_DATA).raise_error()
     before = {k: v.clone() for k, v in ip.user_ns["model"].state_dict().items()}
     rng = torch.get_rng_state().clone()
-    result = ip.run_cell("%%gpuprofile -o -q --apply --steps 8 --warmup 2\nfor x, y in loader:\n    opt.zero_grad()\n"
+    result = ip.run_cell("%%gpuprofile -o -q --apply --data-seconds 4 --steps 8 --warmup 2\n"
+                         "for x, y in loader:\n    opt.zero_grad()\n"
                          "    nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n").result
     applied = result.applied
     assert applied is not None and applied.after is not None
     assert any(title.startswith("loader: ") and "worker" in title for title in applied.applied), applied.applied
-    assert any(command.startswith("%dataprobe loader --step profile_step") for command in applied.checked)
+    assert any(command == "%dataprobe loader --step profile_step --seconds 4" for command in applied.checked)
     assert any(command.startswith("%speedprobe profile_train_step") for command in applied.checked)
     # The wait per step falls; its share need not (with 2 workers the loop still waits on a sleep-bound loader).
     assert applied.after.data_share * applied.after.seconds < applied.before.data_share * applied.before.seconds
@@ -422,6 +423,7 @@ def test_apply_says_why_nothing_was_applied_when_the_step_cannot_be_lifted(ip) -
 @pytest.mark.parametrize(("line", "message"), [
     ("--compile", "--compile says what --apply may try"),
     ("--apply --keep", "cannot --keep"),
+    ("--data-seconds 3", "how long --apply's %dataprobe may take; add --apply"),
 ])
 def test_apply_options_that_contradict_are_one_sentence(ip, line: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
