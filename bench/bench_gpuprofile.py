@@ -17,7 +17,10 @@ the typical profiled step against the unprofiled median (goal within 10%), the w
 of the profiled steps (goal at most 3x), torch.profiler's step against the unprofiled one and the seconds its
 table took to build, and what each says first.
 
-    .venv/bin/python bench/bench_gpuprofile.py [--steps 20] [--warmup 5] [--markdown]
+Then `--apply`'s reproducibility (goal: its measured speed-up within 10% between two runs): each loop under
+`%%gpuprofile --apply` twice, from the same state, with what each run applied and the speed-up it measured.
+
+    .venv/bin/python bench/bench_gpuprofile.py [--steps 20] [--warmup 5] [--no-apply] [--markdown]
 """
 
 from __future__ import annotations
@@ -154,6 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-apply", dest="apply", action="store_false", help="skip --apply's reproducibility")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     from IPython.testing.globalipapp import start_ipython
@@ -210,6 +214,31 @@ def main() -> None:
     print_table(("known cost", "truth", "%%gpuprofile", "error"), accuracy, args.markdown)
     print()
     print_table(("loop", "%%gpuprofile: fix first", "torch.profiler: top self-CPU row"), firsts, args.markdown)
+    if args.apply:
+        print()
+        print_table(("loop", "applied (run 1)", "speed-up run 1", "applied (run 2)", "speed-up run 2", "difference",
+                     "seconds per --apply"), apply_twice(ip, args.steps, args.warmup), args.markdown)
+
+
+def apply_twice(ip, steps: int, warmup: int) -> list[tuple[str, ...]]:
+    """Each loop under `%%gpuprofile --apply` twice (the state is put back after each, so both start from the same
+    weights and batches): what each applied and the speed-up it measured."""
+    rows = []
+    for name, setup in SETUPS.items():
+        ip.run_cell(setup).raise_error()
+        runs = []
+        for _ in range(2):
+            began = time.perf_counter()
+            run = ip.run_cell(f"%%gpuprofile -o -q --apply --steps {steps} --warmup {warmup}\n" + LOOPS[name])
+            run.raise_error()
+            runs.append((run.result.applied, time.perf_counter() - began))
+        (first, seconds_1), (second, seconds_2) = runs
+        speedups = [fixes.speedup for fixes in (first, second)]
+        difference = (f"{abs(speedups[0] / speedups[1] - 1):.1%}" if all(speedups) else "-")
+        rows.append((name, "; ".join(first.applied) or "nothing", f"{speedups[0]:.2f}x" if speedups[0] else "-",
+                     "; ".join(second.applied) or "nothing", f"{speedups[1]:.2f}x" if speedups[1] else "-",
+                     difference, f"{seconds_1:.0f} s, {seconds_2:.0f} s"))
+    return rows
 
 
 if __name__ == "__main__":

@@ -110,10 +110,8 @@ def gputime_parser(prog: str = "%gputime") -> SentenceParser:
     parser.add_argument("--no-ops", dest="count_ops", action="store_false",
                         help="do not count operators (the first run then carries no counting cost)")
     parser.add_argument("-l", "--label", help="the name compare() shows for this result")
-    parser.add_argument("-o", dest="return_result", action="store_true",
-                        help="return the GpuTimeResult (.times, .gpu_times, .median, .ops_by_device); with "
-                             "%%%%gputime it is the cell's value, shown once")
-    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    add_result_options(parser, "return the GpuTimeResult (.times, .gpu_times, .median, .ops_by_device); with "
+                               "%%%%gputime it is the cell's value, shown once")
     return parser
 
 
@@ -122,6 +120,12 @@ def validate_gputime(options: argparse.Namespace) -> None:
         raise OptionsError("--auto chooses the number of runs itself, so it cannot be combined with -n.")
     if options.budget is not None and not options.auto:
         raise OptionsError("--budget sets the time --auto may spend; add --auto or use -n/-r instead.")
+
+
+def add_result_options(parser: argparse.ArgumentParser, returns: str) -> None:
+    """-o (return the result object; `returns` says what it holds) and -q (print nothing), as every probe has them."""
+    parser.add_argument("-o", dest="return_result", action="store_true", help=returns)
+    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
 
 
 def split_magic_line(line: str, parser: argparse.ArgumentParser) -> tuple[list[str], str]:
@@ -206,9 +210,7 @@ def batchprobe_parser(prog: str = "%batchprobe") -> SentenceParser:
                         help="predict with fake tensors, nothing run on a device (with --for)")
     parser.add_argument("--for", dest="memory_sizes", type=_memory_sizes, default=None, metavar="SIZES",
                         help="memory sizes for --estimate, e.g. 24GiB,80GiB")
-    parser.add_argument("-o", dest="return_result", action="store_true",
-                        help="return the BatchProbeResult (.max_batch_size, .recommended, .trials)")
-    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    add_result_options(parser, "return the BatchProbeResult (.max_batch_size, .recommended, .trials)")
     parser.add_argument("names", nargs="*", metavar="STEP", help="the step function (line magic only)")
     return parser
 
@@ -315,9 +317,7 @@ def dataprobe_parser(prog: str = "%dataprobe") -> SentenceParser:
                              "CPUs this process may use)")
     parser.add_argument("--seconds", type=seconds_type("--seconds"), default=60.0, metavar="S",
                         help="time budget for the whole probe (default 60)")
-    parser.add_argument("-o", dest="return_result", action="store_true",
-                        help="return the DataProbeResult (.verdict, .recommended, .speedup, .trials)")
-    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    add_result_options(parser, "return the DataProbeResult (.verdict, .recommended, .speedup, .trials)")
     parser.add_argument("names", nargs="*", metavar="LOADER", help="the DataLoader to probe")
     return parser
 
@@ -348,9 +348,7 @@ def speedprobe_parser(prog: str = "%speedprobe") -> SentenceParser:
     parser.add_argument("--steps", type=_whole_number("--steps", 1), default=20, metavar="N",
                         help="steps each configuration runs; their losses are compared with the baseline's "
                              "(default 20)")
-    parser.add_argument("-o", dest="return_result", action="store_true",
-                        help="return the SpeedProbeResult (.baseline_seconds, .options, .best, .code())")
-    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    add_result_options(parser, "return the SpeedProbeResult (.baseline_seconds, .options, .best, .code())")
     parser.add_argument("names", nargs="*", metavar="STEP", help="the training step function")
     return parser
 
@@ -374,10 +372,8 @@ def gpumem_parser(prog: str = "%gpumem") -> SentenceParser:
                         help="record memory after every cell (--watch off stops)")
     parser.add_argument("--history", action="store_true",
                         help="per-cell growth since --watch, and the cells that keep growing")
-    parser.add_argument("-o", dest="return_result", action="store_true",
-                        help="return the result (MemoryMap: .entries, .coverage, .remainders; or the release or "
-                             "history report)")
-    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    add_result_options(parser, "return the result (MemoryMap: .entries, .coverage, .remainders; or the release or "
+                               "history report)")
     return parser
 
 
@@ -401,9 +397,7 @@ def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
                         help="with --apply, how long %%dataprobe may measure DataLoader settings (default 10)")
     parser.add_argument("--keep", action="store_true",
                         help="keep what the steps did to the model, optimizer and RNGs (default: put back bitwise)")
-    parser.add_argument("-o", dest="return_result", action="store_true",
-                        help="return the ProfileResult (.steps, .breakdown, .syncs, .flops, .mfu, .plan, ...)")
-    parser.add_argument("-q", dest="quiet", action="store_true", help="print nothing")
+    add_result_options(parser, "return the ProfileResult (.steps, .breakdown, .syncs, .flops, .mfu, .plan, ...)")
     return parser
 
 

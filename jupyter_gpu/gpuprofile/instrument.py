@@ -79,7 +79,6 @@ class Instruments:
         self.plan = plan
         self.timeline = Timeline()
         self.records: list[StepRecord] = []
-        self.census_record: StepRecord | None = None
         self.census: Any = None
         self.census_totals: Any = None
         self.mode: str | None = None
@@ -168,7 +167,6 @@ class Instruments:
     def _accept(self, record: StepRecord) -> None:
         if self.census is not None:
             self._end_census()
-            self.census_record = record
             if cuda_initialized(self.torch) and self.plan.census:
                 self._start_kernel_timeline()
             else:

@@ -9,7 +9,33 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
+from IPython.core.error import UsageError
+
 from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX, CompiledCell
+from jupyter_gpu.options import OptionsError, split_magic_line
+
+
+def parse_line_or_cell(name: str, line: str, cell: str | None, parser: Any, validate: Callable[[Any], None], *,
+                       body: str, needs: str, empty: str) -> tuple[Any, str]:
+    """The options and the statement of a magic that is both `%name STATEMENT` and `%%name` on a cell.
+
+    Each mistake is one sentence: a statement beside a cell body (`body`: what goes in the cell), a line form
+    without one (`needs`: the whole sentence), an empty cell (`empty`: what is missing)."""
+    magic = f"%%{name}" if cell is not None else f"%{name}"
+    try:
+        tokens, statement = split_magic_line(line, parser)
+        options = parser.parse_args(tokens)
+        validate(options)
+    except OptionsError as exc:
+        raise UsageError(f"{magic}: {exc}") from None
+    if cell is not None and statement:
+        raise UsageError(f"%%{name} takes only options on its first line, not {statement!r}; put {body} in the "
+                         "cell body.")
+    if cell is None and not statement:
+        raise UsageError(needs)
+    if cell is not None and not cell.strip():
+        raise UsageError(f"%%{name} has an empty cell: {empty}.")
+    return options, statement
 
 
 def compile_cell(shell: Any, source: str, header: str | None = None) -> CompiledCell:

@@ -8,12 +8,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from jupyter_gpu.magics.cell import parse_line_or_cell
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.options import (
-    OptionsError,
     gpuprofile_parser,
     help_from,
-    split_magic_line,
     validate_gpuprofile,
 )
 
@@ -36,20 +35,11 @@ class GpuProfileMagics(Magics):
         """
         __tracebackhide__ = True  # an error in the cell shows the cell's lines
         magic = "%%gpuprofile" if cell is not None else "%gpuprofile"
-        try:
-            tokens, statement = split_magic_line(line, parser := gpuprofile_parser(magic))
-            options = parser.parse_args(tokens)
-            validate_gpuprofile(options)
-        except OptionsError as exc:
-            raise UsageError(f"{magic}: {exc}") from None
-        if cell is not None and statement:
-            raise UsageError(f"%%gpuprofile takes only options on its first line, not {statement!r}; put the "
-                             "training loop in the cell body.")
-        if cell is None and not statement:
-            raise UsageError("%gpuprofile needs the function that trains, e.g. %gpuprofile train_one_epoch(model, "
-                             "loader); use %%gpuprofile on a cell that holds the loop.")
-        if cell is not None and not cell.strip():
-            raise UsageError("%%gpuprofile has an empty cell: there is no training loop to profile.")
+        options, statement = parse_line_or_cell(
+            "gpuprofile", line, cell, gpuprofile_parser(magic),
+            validate_gpuprofile, body="the training loop",
+            needs="%gpuprofile needs the function that trains, e.g. %gpuprofile train_one_epoch(model, loader); use "
+                  "%%gpuprofile on a cell that holds the loop.", empty="there is no training loop to profile")
         from jupyter_gpu.gpuprofile.lift import LoopSource
         from jupyter_gpu.gpuprofile.request import DEFAULT_DATA_SECONDS, DEFAULT_STEPS, ProfileRequest
         from jupyter_gpu.gpuprofile.runner import GpuProfileError, profile_run

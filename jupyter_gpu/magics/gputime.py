@@ -8,14 +8,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.display import display
 
+from jupyter_gpu.magics.cell import parse_line_or_cell
 from jupyter_gpu.magics.progress import ProgressLine
 from jupyter_gpu.metrics.backends.base import BackendSpecError
 from jupyter_gpu.metrics.hub import Lease, shared_hub
 from jupyter_gpu.options import (
-    OptionsError,
     gputime_parser,
     help_from,
-    split_magic_line,
     validate_gputime,
 )
 
@@ -62,22 +61,10 @@ class GpuTimeMagics(Magics):
         return None if options.quiet or request.repeated else timed.value
 
     def _parse(self, line: str, cell: str | None) -> tuple[Any, str]:
-        magic = "%%gputime" if cell is not None else "%gputime"
-        try:
-            tokens, statement = split_magic_line(line, parser := gputime_parser(magic))
-            options = parser.parse_args(tokens)
-            validate_gputime(options)
-        except OptionsError as exc:
-            raise UsageError(f"{magic}: {exc}") from None
-        if cell is not None and statement:
-            raise UsageError(f"%%gputime takes only options on its first line, not {statement!r}; "
-                             "put the code in the cell body.")
-        if cell is None and not statement:
-            raise UsageError("%gputime needs a statement to time, e.g. %gputime model(x); "
-                             "use %%gputime to time a whole cell.")
-        if cell is not None and not cell.strip():
-            raise UsageError("%%gputime has an empty cell: nothing to time.")
-        return options, statement
+        return parse_line_or_cell(
+            "gputime", line, cell, gputime_parser("%%gputime" if cell is not None else "%gputime"), validate_gputime,
+            body="the code", needs="%gputime needs a statement to time, e.g. %gputime model(x); use %%gputime to "
+                                   "time a whole cell.", empty="nothing to time")
 
     def _busy_lease(self) -> Lease:
         from jupyter_gpu.gputime.busy import SAMPLE_INTERVAL
