@@ -176,6 +176,18 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
+def ecc_uncorrected(pynvml, handle):
+    """None on a GPU without ECC (or with ECC off), which answers NotSupported: most consumer GPUs do."""
+    uncorrected = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    counters = {"volatile": getattr(pynvml, "NVML_VOLATILE_ECC", 0),
+                "aggregate": getattr(pynvml, "NVML_AGGREGATE_ECC", 1)}
+    try:
+        return {name: int(pynvml.nvmlDeviceGetTotalEccErrors(handle, uncorrected, counter))
+                for name, counter in counters.items()}
+    except pynvml.NVMLError_NotSupported:
+        return None
+
+
 def nvml_device(pynvml, index):
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     device = {"index": index, "errors": {}}
@@ -198,6 +210,9 @@ def nvml_device(pynvml, index):
     read("memory_used", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).used))
     read("memory_free", lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).free))
     read("compute_mode", lambda: int(pynvml.nvmlDeviceGetComputeMode(handle)))
+    # Uncorrectable ECC errors since the driver loaded (volatile) and over the GPU's life (aggregate), as
+    # `nvidia-smi -q -d ECC` counts them; a GPU without ECC answers NotSupported and the field stays None.
+    read("ecc_uncorrected", lambda: ecc_uncorrected(pynvml, handle))
     # Named as the live metrics name them (jupyter_gpu.metrics.sample): mig_enabled, mig_instances, memory_used.
     # The current mode, not the pending one; NVML_DEVICE_MIG_ENABLE is 1.
     read("mig_enabled", lambda: mig_enabled(pynvml, handle))

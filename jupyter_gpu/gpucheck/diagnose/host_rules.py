@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, pip_fix_lines
-from jupyter_gpu.gpucheck.diagnose.view import FactsView
+from jupyter_gpu.gpucheck.diagnose.view import SLURM_GPU_VARIABLES, FactsView
 from jupyter_gpu.models import LAYER_HOST, Finding
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
@@ -61,6 +61,23 @@ def _container_gpu_fix(hosting: dict, nvidia_visible_devices: str | None) -> lis
     return lines
 
 
+SLURM_GPU_REQUEST = [
+    "sbatch --gres=gpu:1 ...   (or --gpus=1): submit the job again, asking for a GPU",
+    "srun --gres=gpu:1 --pty jupyter lab --no-browser --ip=0.0.0.0   # an interactive job with a GPU",
+    'JupyterHub with batchspawner: c.SlurmSpawner.req_gres = "gpu:1" (or pick the GPU option of the spawn form)',
+]
+# A Jupyter started by systemd with these settings sees no device file: NVML then says "Driver Not Loaded".
+SYSTEMD_DEVICES = ("If Jupyter runs as a systemd service: PrivateDevices=yes or DevicePolicy=closed hides the GPUs; "
+                   "add DeviceAllow=/dev/nvidiactl rw, DeviceAllow=/dev/nvidia-uvm rw and DeviceAllow=/dev/nvidia0 "
+                   "rw (one per GPU) to the unit, then restart it.")
+HARDWARE_FAULT_FIX = [
+    "sudo nvidia-smi -r -i {index}   # reset the GPU: only where no process uses it and the system allows it",
+    "If the reset is refused or does not help: reboot the machine.",
+    "A GPU that fails again after that is faulty: report it to the machine's operator or cloud provider, with "
+    "the output of sudo nvidia-bug-report.sh",
+]
+
+
 def _cpu_note(view: FactsView) -> str:
     return f" (and torch {view.torch_version} is a CPU-only build)" if view.cpu_only_build else ""
 
@@ -88,6 +105,8 @@ def no_gpu(view: FactsView) -> list[Finding]:
         return [Finding("NOTEBOOK_PLATFORM_NO_ACCELERATOR", "fail",
                         f"This {where} session has no GPU attached{cpu_note}.", evidence=evidence, fix=fix,
                         refs=["googlecolab/colabtools#930"], layer=LAYER_HOST)]
+    if view.docker_desktop_vm:
+        return [docker_desktop_vm(view, evidence, cpu_note)]
     nvidia_devices = view.env.get("NVIDIA_VISIBLE_DEVICES")
     if view.in_container:
         evidence["container"] = ", ".join(k for k in ("docker", "podman", "kubernetes", "cgroup_container")
@@ -120,10 +139,65 @@ def no_gpu(view: FactsView) -> list[Finding]:
                     evidence=evidence, fix=fix, layer=LAYER_HOST)]
 
 
+def docker_desktop_vm(view: FactsView, evidence: dict, cpu_note: str) -> Finding:
+    """Docker Desktop runs containers in its own Linux VM (a linuxkit kernel). On a Mac there is no NVIDIA GPU and
+    no GPU reaches a container; on Windows only the WSL 2 engine passes an NVIDIA GPU through."""
+    release = view.hosting.get("kernel_release")
+    arm = view.platform.get("machine") in ("aarch64", "arm64")
+    fix = ["There is no NVIDIA GPU on a Mac, and Docker Desktop passes no GPU into its containers on macOS: the "
+           "Container Toolkit and --gpus cannot help here.",
+           "For the Mac's own GPU, run Jupyter natively (not in Docker) with an arm64 Python: %pip install torch, "
+           "then use device = torch.device(\"mps\")."]
+    if not arm:  # an x86_64 linuxkit VM may also be Docker Desktop on Windows with the Hyper-V engine
+        fix.append("On Windows, Docker Desktop passes an NVIDIA GPU only with its WSL 2 engine: Settings → General → "
+                   "Use the WSL 2 based engine, then docker run --gpus all ...")
+    return Finding(
+        "DOCKER_DESKTOP_NO_GPU", "fail",
+        f"This runs in Docker Desktop's Linux VM (kernel {release}), which has no NVIDIA GPU{cpu_note}.",
+        evidence={**evidence, "kernel_release": release, "machine": view.platform.get("machine")}, fix=fix,
+        layer=LAYER_HOST)
+
+
+def driver_unreachable(view: FactsView) -> list[Finding]:
+    """NVML says "Driver Not Loaded" while the host's own files show the module loaded: something between this
+    process and the driver (a job's cgroup, a container, a sandbox) denies the device files. Never a modprobe."""
+    if view.hosting.get("wsl") or view.nvml_error_code != NVML_DRIVER_NOT_LOADED or not view.driver_loaded_on_host:
+        return []
+    evidence: dict = {"/proc/driver/nvidia/version": "present (the module is loaded)",
+                      "kernel_module_version": view.driver.get("kernel_module_version"),
+                      "bound_driver": sorted({g.get("bound_driver") or "none" for g in view.nvidia_pci}) or None,
+                      "/dev/nvidia*": view.nvidia_gpu_nodes or "none", "nvml": view.nvml.get("error")}
+    job = view.hosting.get("slurm_job")
+    if job and not view.slurm_gpu_variables:
+        evidence.update({"SLURM_JOB_ID": job, **{name: "unset" for name in SLURM_GPU_VARIABLES}})
+        return [Finding(
+            "SLURM_JOB_WITHOUT_GPU", "fail",
+            f"This Slurm job ({job}) was given no GPU: the node's NVIDIA driver is loaded, but the job may not "
+            f"open the GPUs{_cpu_note(view)}.", evidence=evidence, fix=SLURM_GPU_REQUEST,
+            refs=["https://slurm.schedmd.com/gres.html"], layer=LAYER_HOST)]
+    if view.in_container:
+        fix = ["This container cannot open the host's GPUs: start it with them.",
+               *_container_gpu_fix(view.hosting, view.env.get("NVIDIA_VISIBLE_DEVICES"))]
+    elif job:
+        evidence.update({"SLURM_JOB_ID": job, **view.slurm_gpu_variables})
+        fix = [f"Slurm gave this job GPUs ({', '.join(f'{k}={v}' for k, v in view.slurm_gpu_variables.items())}), "
+               "yet it cannot open them: run nvidia-smi inside the job (srun --jobid "
+               f"{job} --overlap --pty nvidia-smi) and show the output to the cluster's administrators (the "
+               "cgroup's device rules)."]
+    else:
+        fix = ["Run nvidia-smi in a terminal outside Jupyter: if it lists the GPUs there, what started Jupyter "
+               "denies it the device files.", SYSTEMD_DEVICES]
+    return [Finding(
+        "DRIVER_UNREACHABLE", "fail",
+        "The NVIDIA driver is loaded on this machine, but this process cannot reach it (NVML says it is not "
+        "loaded): a cgroup, a container or a sandbox denies the GPU device files.",
+        evidence=evidence, fix=fix, layer=LAYER_HOST)]
+
+
 def driver_not_loaded(view: FactsView) -> list[Finding]:
     code = view.nvml_error_code
-    if view.hosting.get("wsl"):
-        return []
+    if view.hosting.get("wsl") or view.driver_loaded_on_host:
+        return []  # loaded, whatever NVML says from in here: driver_unreachable explains the contradiction
     if not (code == NVML_DRIVER_NOT_LOADED or (view.nvidia_pci and not view.driver.get("proc_version_text"))):
         return []
     bound = sorted({g.get("bound_driver") or "none" for g in view.nvidia_pci})
@@ -169,8 +243,14 @@ def driver_library_mismatch(view: FactsView) -> list[Finding]:
         refs=["lyulyul/shine-cluster#30", "mozilla/translations#1167"], layer=LAYER_HOST)]
 
 
+def _gpu_lost(view: FactsView) -> bool:
+    return view.nvml_error_code == NVML_GPU_IS_LOST or bool(view.lost_gpus)
+
+
 def uvm_missing(view: FactsView) -> list[Finding]:
     nodes = view.device_nodes
+    if _gpu_lost(view) and "/dev/nvidia-uvm" in nodes and view.driver.get("sys_module_nvidia_uvm"):
+        return []  # CUDA's "unknown error" comes from the lost GPU, not from nvidia_uvm (which is there)
     missing_node = bool(view.nvidia_gpu_nodes) and "/dev/nvidia-uvm" not in nodes and not view.hosting.get("wsl")
     message = view.message_containing("CUDA unknown error")
     if not (missing_node or message or view.cuda_error_number() == 999):
@@ -229,18 +309,67 @@ def forward_compat(view: FactsView) -> list[Finding]:
         refs=["PKU-YuanGroup/Video-LLaVA#22"], layer=LAYER_HOST)]
 
 
+def _hardware_fix(indices: list[int]) -> list[str]:
+    index = ",".join(str(i) for i in indices) or "<index>"
+    return [line.format(index=index) for line in HARDWARE_FAULT_FIX]
+
+
 def gpu_lost(view: FactsView) -> list[Finding]:
-    lost_devices = [d["index"] for d in view.nvml.get("devices") or []
-                    if any("lost" in str(e).lower() for e in (d.get("errors") or {}).values())]
+    lost_devices = view.lost_gpus
     message = view.message_containing("unspecified launch failure", "GPU is lost", "fallen off the bus")
-    if not (view.nvml_error_code == NVML_GPU_IS_LOST or lost_devices or message):
+    if not (_gpu_lost(view) or message):
+        return []
+    which = f"GPU {', '.join(str(i) for i in lost_devices)}" if lost_devices else "A GPU"
+    return [Finding(
+        "GPU_LOST_OR_XID", "fail",
+        f"{which} stopped responding: NVML says it is lost (it fell off the bus, Xid 79). This is the hardware or "
+        "its power, not the software: no reinstall helps.",
+        evidence={"nvml": view.nvml.get("error"), "lost_devices": lost_devices or None, "torch": message,
+                  "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent",
+                  "sys_module_nvidia_uvm": view.driver.get("sys_module_nvidia_uvm")},
+        fix=[*_hardware_fix(lost_devices), "The cause is in the kernel log: sudo dmesg | grep -i xid"],
+        layer=LAYER_HOST)]
+
+
+def gpu_ecc_error(view: FactsView) -> list[Finding]:
+    """An uncorrectable ECC error: the GPU's memory returned wrong data, so CUDA refuses to go on with it."""
+    message = view.message_containing("uncorrectable ECC error")
+    counted = {d["index"]: d["ecc_uncorrected"] for d in view.nvml.get("devices") or []
+               if (d.get("ecc_uncorrected") or {}).get("volatile")}
+    if not (message or counted):
         return []
     return [Finding(
-        "GPU_LOST_OR_XID", "fail", "A GPU stopped responding (GPU is lost / fell off the bus).",
-        evidence={"nvml": view.nvml.get("error"), "lost_devices": lost_devices or None, "torch": message},
-        fix=["sudo nvidia-smi -r -i <index>  or reboot the machine",
-             "Look for the cause: sudo dmesg | grep -i xid", "Escalate with: sudo nvidia-bug-report.sh"],
+        "GPU_ECC_ERROR", "fail",
+        f"{'GPU ' + ', '.join(map(str, counted)) if counted else 'A GPU'} hit an uncorrectable ECC memory error: "
+        "CUDA stops using it until it is reset. This is the hardware, not the software: no reinstall helps.",
+        evidence={"torch": message, "uncorrectable ECC errors (volatile, aggregate)":
+                  {f"GPU {i}": (c.get("volatile"), c.get("aggregate")) for i, c in counted.items()} or
+                  "not readable through NVML here"},
+        fix=[*_hardware_fix(sorted(counted)),
+             "nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER   # the counts, and whether memory was retired"],
         layer=LAYER_HOST)]
+
+
+def wsl_no_windows_cuda(view: FactsView) -> list[Finding]:
+    """WSL 2 with its GPU bridge (/dev/dxg) but without the Windows driver's CUDA (/usr/lib/wsl/lib/libcuda.so.1):
+    the Windows NVIDIA driver is missing or too old for CUDA on WSL."""
+    if not (view.hosting.get("wsl") and "/dev/dxg" in view.device_nodes) or view.nvml_ok:
+        return []  # NVML answering means the Windows driver's libraries are there
+    libs = (view.driver.get("libraries") or {}).get("libcuda.so.1") or []
+    if any(lib["path"].startswith("/usr/lib/wsl/lib") for lib in libs):
+        return []
+    return [Finding(
+        "WSL_NO_WINDOWS_DRIVER_CUDA", "fail",
+        "WSL has its GPU bridge (/dev/dxg) but no CUDA driver from Windows (/usr/lib/wsl/lib has no libcuda): the "
+        "NVIDIA driver on Windows is missing or too old for CUDA on WSL.",
+        evidence={"/dev/dxg": "present", "/usr/lib/wsl/lib/libcuda.so.1": "absent",
+                  "kernel_release": view.hosting.get("kernel_release"), "nvml": view.nvml.get("error")},
+        fix=["Install or update the NVIDIA driver on Windows (not inside WSL): https://www.nvidia.com/Download/"
+             "index.aspx",
+             "Then in PowerShell: wsl --shutdown, and open WSL again (the driver's libcuda appears in "
+             "/usr/lib/wsl/lib).",
+             "Do not install a Linux NVIDIA driver inside WSL: it would hide the Windows one."],
+        refs=["https://docs.nvidia.com/cuda/wsl-user-guide/index.html"], layer=LAYER_HOST)]
 
 
 def wsl_linux_driver(view: FactsView) -> list[Finding]:
@@ -297,5 +426,7 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
         fix=pip_fix_lines(view), layer=LAYER_HOST)]
 
 
-RULES = (no_gpu, driver_not_loaded, driver_library_mismatch, uvm_missing, permission_denied, fabric_manager,
-         forward_compat, gpu_lost, wsl_linux_driver, rocm, wrong_vendor_build)
+# Hardware faults first: a lost GPU or an ECC error explains CUDA's other complaints, never the reverse.
+RULES = (no_gpu, gpu_lost, gpu_ecc_error, driver_unreachable, driver_not_loaded, driver_library_mismatch,
+         uvm_missing, permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver,
+         rocm, wrong_vendor_build)

@@ -207,8 +207,8 @@ def import_broken(view: FactsView) -> list[Finding]:
 
 
 def cpu_only_build(view: FactsView) -> list[Finding]:
-    if not view.cpu_only_build or view.platform.get("system") == "Darwin":
-        return []
+    if not view.cpu_only_build or view.platform.get("system") == "Darwin" or view.docker_desktop_vm:
+        return []  # no CUDA build can help in Docker Desktop's VM: DOCKER_DESKTOP_NO_GPU says what can
     gpu_here = view.nvidia_present or bool(view.amd_pci)
     version = view.torch_version
     return [Finding(

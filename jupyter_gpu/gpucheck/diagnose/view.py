@@ -11,6 +11,8 @@ from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid,
 from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_snapshot
 
 ERROR_NUMBER = re.compile(r"Error (\d+)")
+# Slurm sets these when a job or step was given GPUs; CUDA_VISIBLE_DEVICES too (its GRES plugin), or a user did.
+SLURM_GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS", "CUDA_VISIBLE_DEVICES")
 FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
 
 
@@ -185,6 +187,30 @@ class FactsView:
     def windows_driver_installed(self) -> bool:
         """Windows has no /proc or /dev: the NVIDIA driver shows itself by nvcuda.dll in System32."""
         return self.paths.windows and bool((self.driver.get("libraries") or {}).get("nvcuda.dll"))
+
+    @property
+    def driver_loaded_on_host(self) -> bool:
+        """The kernel module is loaded, as the host's own files say (/proc/driver/nvidia, /sys/module/nvidia),
+        whatever this process may or may not open."""
+        return bool(self.driver.get("proc_version_text")) and (
+            bool(self.driver.get("sys_module_nvidia")) or any(g.get("bound_driver") == "nvidia"
+                                                               for g in self.nvidia_pci))
+
+    @property
+    def slurm_gpu_variables(self) -> dict[str, str]:
+        """The GPU variables a Slurm allocation with GPUs has (empty: this job asked for none)."""
+        return {name: self.env[name] for name in SLURM_GPU_VARIABLES if self.env.get(name)}
+
+    @property
+    def docker_desktop_vm(self) -> bool:
+        """Docker Desktop's Linux VM (macOS, or Windows without the WSL 2 engine): its kernel is a linuxkit one."""
+        return "linuxkit" in (self.hosting.get("kernel_release") or "").lower()
+
+    @property
+    def lost_gpus(self) -> list[int]:
+        """GPUs whose NVML handle answers "GPU is lost" (Xid 79: fallen off the bus)."""
+        return [d["index"] for d in self.nvml.get("devices") or []
+                if any("lost" in str(e).lower() for e in (d.get("errors") or {}).values())]
 
     @property
     def in_container(self) -> bool:
