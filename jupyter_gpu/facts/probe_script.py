@@ -16,6 +16,7 @@ Every section records its own error instead of raising: a broken environment is 
 import contextlib
 import json
 import os
+import platform
 import re
 import sys
 import time
@@ -121,10 +122,68 @@ def companion_facts(name):
             "build": read_version_file(folder) if folder else None}
 
 
+NVIDIA_PIN = re.compile(r"^(nvidia-[A-Za-z0-9_.-]+)\s*\(?\s*(==\s*[^\s;,)]+)?\s*\)?\s*(?:;\s*(.*))?$")
+MARKER_CLAUSE = re.compile(r"^\(?\s*(platform_system|platform_machine|sys_platform)\s*(==|!=)\s*"
+                           r"""["']([^"']*)["']\s*\)?$""")
+
+
+def marker_holds(marker):
+    """torch's markers on its nvidia-* pins (platform_system == "Linux" and platform_machine == "x86_64"); a
+    marker this reader does not know is taken as holding, so no pin is dropped on a guess."""
+    if not marker:
+        return True
+    here = {"platform_system": platform.system(), "platform_machine": platform.machine(),
+            "sys_platform": sys.platform}
+    for clause in marker.split(" and "):
+        match = MARKER_CLAUSE.match(clause.strip())
+        if match is None:
+            continue
+        name, operator, value = match.groups()
+        if (here[name] == value) != (operator == "=="):
+            return False
+    return True
+
+
+def nvidia_pins(torch_requires):
+    """torch's exact pins on the nvidia-* wheels it loads its CUDA libraries from, each with the version installed
+    and, when that differs, which other installed packages ask for the same wheel and how."""
+    from importlib import metadata
+
+    pins = []
+    for requirement in torch_requires:
+        match = NVIDIA_PIN.match(requirement.strip())
+        if match is None or not match.group(2) or not marker_holds(match.group(3)):
+            continue
+        name, spec = match.group(1), match.group(2).replace(" ", "")
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = None
+        pins.append({"name": name, "required": spec[2:], "installed": installed, "required_by": []})
+    unmet = {pin["name"].lower().replace("_", "-"): pin for pin in pins if pin["installed"] != pin["required"]}
+    if unmet:
+        for dist in metadata.distributions():
+            owner = dist.metadata["Name"] or ""
+            if owner.lower() == "torch":
+                continue
+            for requirement in dist.requires or []:
+                match = NVIDIA_PIN.match(requirement.strip())
+                if match and match.group(1).lower().replace("_", "-") in unmet and marker_holds(match.group(3)):
+                    unmet[match.group(1).lower().replace("_", "-")]["required_by"].append(
+                        {"name": owner, "version": dist.version, "spec": (match.group(2) or "").replace(" ", "")})
+    return pins
+
+
 def install_facts():
     import glob
 
     out = {"distributions": distribution_facts("torch"), "spec_origin": None, "build": None, "companions": {}}
+    from importlib import metadata
+
+    try:
+        out["nvidia_pins"] = nvidia_pins(metadata.requires("torch") or [])
+    except metadata.PackageNotFoundError:
+        out["nvidia_pins"] = []
     for companion in COMPANIONS:
         facts = companion_facts(companion)
         out["companions"][companion] = facts

@@ -59,6 +59,22 @@ def ecc_error(counted: bool = True) -> Machine:
     return Machine().nvidia_host(devices=[gpu]).cuda_torch(init_error=ECC_ERROR)
 
 
+# torch 2.5.1+cu124's pins, as its wheel's METADATA writes them.
+TORCH_PINS = ['nvidia-cudnn-cu12==9.1.0.70; platform_system == "Linux" and platform_machine == "x86_64"',
+              'nvidia-nccl-cu12==2.21.5; platform_system == "Linux" and platform_machine == "x86_64"']
+NO_CUDNN = "libcudnn.so.9: cannot open shared object file: No such file or directory"
+OLD_NCCL = ("/usr/local/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: "
+            "ncclCommRegister")
+
+
+def broken_wheel(error: str = NO_CUDNN, **wheels: tuple[str, list[str]]) -> Machine:
+    """torch whose import fails on a CUDA library from one of its nvidia-* wheels; `wheels`: what is installed."""
+    machine = Machine().nvidia_host().cuda_torch("2.5.1+cu124", "12.4", import_error=error, requires=TORCH_PINS)
+    for name, (version, requires) in {"nvidia-nccl-cu12": ("2.21.5", []), **wheels}.items():
+        machine.wheel(name, version, requires)
+    return machine
+
+
 def fix_text(report) -> str:
     return "\n".join(line for finding in report.findings for line in finding.fix)
 
@@ -164,9 +180,44 @@ def test_an_ecc_error_on_a_gpu_whose_counters_nvml_cannot_read_says_so(check_mac
         "not readable through NVML here"
 
 
+def test_a_missing_cudnn_wheel_is_named_with_torchs_pin_and_the_one_line_install(check_machine):
+    report = check_machine(broken_wheel())
+    primary = report.primary
+    assert primary.code == "NVIDIA_WHEEL_MISMATCH"
+    assert primary.headline == ("torch 2.5.1+cu124 cannot load its CUDA libraries: it needs "
+                                "nvidia-cudnn-cu12==9.1.0.70, and it is not installed.")
+    assert primary.fix[0] == "%pip install nvidia-cudnn-cu12==9.1.0.70"
+    assert primary.fix[-1].endswith("%pip install --force-reinstall torch==2.5.1+cu124")  # the alternative, last
+    assert primary.evidence["installed"] == "not installed" and NO_CUDNN in primary.evidence["import_error"]
+
+
+def test_a_cudnn_wheel_another_framework_replaced_names_that_framework(check_machine):
+    tensorflow = ["nvidia-cudnn-cu12==8.9.7.29; sys_platform == \"linux\""]
+    report = check_machine(broken_wheel(**{"nvidia-cudnn-cu12": ("8.9.7.29", []),
+                                           "tensorflow": ("2.16.1", tensorflow)}))
+    primary = report.primary
+    assert primary.code == "NVIDIA_WHEEL_MISMATCH" and primary.headline.endswith("and 8.9.7.29 is installed.")
+    assert primary.evidence["other packages asking for it"] == [
+        "tensorflow 2.16.1 (asks for nvidia-cudnn-cu12==8.9.7.29)"]
+    assert "tensorflow 2.16.1" in fix_text(report) and "environment" in fix_text(report)
+
+
+def test_an_older_nccl_than_torchs_pin_is_named_from_the_undefined_symbol(check_machine):
+    report = check_machine(broken_wheel(OLD_NCCL, **{"nvidia-nccl-cu12": ("2.18.1", []),
+                                                    "nvidia-cudnn-cu12": ("9.1.0.70", [])}))
+    assert report.primary.code == "NVIDIA_WHEEL_MISMATCH"
+    assert report.primary.fix[0] == "%pip install nvidia-nccl-cu12==2.21.5"
+
+
+def test_an_import_error_from_a_library_whose_wheel_matches_torchs_pin_is_not_blamed_on_it(check_machine):
+    report = check_machine(broken_wheel(**{"nvidia-cudnn-cu12": ("9.1.0.70", [])}))
+    assert report.primary.code == "TORCH_IMPORT_BROKEN"
+
+
 # -- every documented fix against every situation ---------------------------------------------------------------
 
-PLACEHOLDER = re.compile(r"(?<![a-z])[A-Z][A-Z_]*\b")  # X, INDEX, NN, PYTHON: filled in by the real finding
+# X, INDEX, NN, PYTHON: filled in by the real finding (LD_LIBRARY_PATH= and other variables are not placeholders)
+PLACEHOLDER = re.compile(r"(?<![A-Z_])[A-Z]+(?![\w=-])")
 
 
 def documented_commands() -> dict[str, set[str]]:
@@ -177,7 +228,8 @@ def documented_commands() -> dict[str, set[str]]:
         cells = [cell.strip() for cell in line.split(" | ")]
         match = re.match(r"\|\s*`([A-Z0-9_]+)`", line)
         if match and len(cells) >= 4:
-            spans = [PLACEHOLDER.split(span)[0].split("  ")[0] for span in re.findall(r"`([^`]+)`", cells[-1])]
+            spans = [PLACEHOLDER.split(span.replace("\\|", "|"))[0].split("  ")[0]
+                     for span in re.findall(r"`([^`]+)`", cells[-1])]
             commands[match.group(1)] = {s for s in spans if len(s) >= 12}
     return commands
 
@@ -195,6 +247,9 @@ CANNOT_APPLY = {
                                        "CONTAINER_NO_GPU")),
     "an uncorrectable ECC error": (ecc_error, ("TORCH_IMPORT_BROKEN", "DRIVER_NOT_LOADED", "NVIDIA_UVM_MISSING",
                                                "CONTAINER_NO_GPU")),
+    # The full reinstall stays, as the alternative: the finding's own, not TORCH_IMPORT_BROKEN's.
+    "a missing nvidia-cudnn wheel": (broken_wheel, ("LD_LIBRARY_PATH_SHADOWING", "DRIVER_NOT_LOADED",
+                                                    "CONTAINER_NO_GPU", "CUDNN_UNAVAILABLE")),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines
@@ -185,6 +186,9 @@ def import_broken(view: FactsView) -> list[Finding]:
     error = view.torch_import_error
     if not error:
         return []
+    wheel = nvidia_wheel_mismatch(view, error)
+    if wheel is not None:
+        return [wheel]
     ld_path = view.paths.library_search_path(view.env)
     if ld_path and ("undefined symbol" in error or "cannot open shared object" in error):
         return [Finding(
@@ -204,6 +208,51 @@ def import_broken(view: FactsView) -> list[Finding]:
              "Do not mix conda's pytorch and pip's torch in one environment."],
         refs=["pytorch#29544"], layer=LAYER_BUILD,
     )]
+
+
+MISSING_LIBRARY = re.compile(r"lib([A-Za-z]+)[\w.]*?\.so(?:\.\d+)*: cannot open shared object file")
+UNDEFINED_SYMBOL = re.compile(r"undefined symbol: ([A-Za-z_]\w*)")
+# The nvidia-* wheel a library or a symbol comes from, by the words of its name (libcudnn -> nvidia-cudnn-cu12).
+WHEEL_OF_LIBRARY = (("cudnn", "cudnn"), ("nccl", "nccl"), ("cublas", "cublas"), ("cusparselt", "cusparselt"),
+                    ("cusparse", "cusparse"), ("cufft", "cufft"), ("curand", "curand"), ("cusolver", "cusolver"),
+                    ("nvjitlink", "nvjitlink"), ("cupti", "cupti"), ("cudart", "cuda-runtime"),
+                    ("nvrtc", "nvrtc"), ("cufile", "cufile"), ("nvshmem", "nvshmem"), ("nvtx", "nvtx"))
+
+
+def _wheel_part(error: str) -> str | None:
+    match = MISSING_LIBRARY.search(error) or UNDEFINED_SYMBOL.search(error)
+    if match is None:
+        return None
+    name = match.group(1).lower().lstrip("_")  # __nvJitLinkComplete_12_4: nvJitLink's own symbols
+    return next((wheel for prefix, wheel in WHEEL_OF_LIBRARY if name.startswith(prefix)), None)
+
+
+def nvidia_wheel_mismatch(view: FactsView, error: str) -> Finding | None:
+    """`import torch` failed on a CUDA library that one of torch's pinned nvidia-* wheels provides, and that wheel is
+    missing or at another version than torch's pin: name it, and the one-line install that puts it back."""
+    part = _wheel_part(error)
+    pins = view.install.get("nvidia_pins") or []
+    pin = next((p for p in pins if part and part in p["name"] and p.get("installed") != p["required"]), None)
+    if pin is None:
+        return None
+    installed = pin.get("installed")
+    others = [f"{o['name']} {o['version']} (asks for {pin['name']}{o['spec'] or ' at any version'})"
+              for o in pin.get("required_by") or []]
+    fix = [f"%pip install {pin['name']}=={pin['required']}", RESTART]
+    if others:
+        fix.append(f"{', '.join(others)} wants another version: keep it in its own environment (a venv or a kernel "
+                   "of its own), or the two will keep replacing each other's wheel.")
+    fix.append(f"Or reinstall torch with all its wheels (about 2.5 GB): %pip install --force-reinstall "
+               f"torch=={view.torch_version}" if view.torch_version else
+               "Or reinstall torch with all its wheels (about 2.5 GB): %pip install --force-reinstall torch")
+    return Finding(
+        "NVIDIA_WHEEL_MISMATCH", "fail",
+        f"torch{' ' + view.torch_version if view.torch_version else ''} cannot load its CUDA libraries: it needs "
+        f"{pin['name']}=={pin['required']}, "
+        + (f"and {installed} is installed." if installed else "and it is not installed."),
+        evidence={"import_error": error, "required by torch": f"{pin['name']}=={pin['required']}",
+                  "installed": installed or "not installed", "other packages asking for it": others or None},
+        fix=fix, layer=LAYER_BUILD)
 
 
 def cpu_only_build(view: FactsView) -> list[Finding]:
