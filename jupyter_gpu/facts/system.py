@@ -20,10 +20,13 @@ GPU_PCI_CLASSES = ("0x0300", "0x0302", "0x0380")  # VGA, 3D controller, other di
 VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 # Where distributions put the user-space driver libraries; WSL maps the Windows driver's copies.
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
-                "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib")
+                "/usr/local/nvidia/lib64", "/usr/lib/wsl/lib", "/usr/lib/aarch64-linux-gnu/tegra")
 # The NVIDIA Windows driver installs these into System32; their presence is the driver's, not a toolkit's.
 WINDOWS_DRIVER_LIBRARIES = ("nvcuda.dll", "nvml.dll")
 DEVICE_NODE = re.compile(r"^nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-nvswitchctl|-nvswitch\d+)$")
+# A Jetson's integrated GPU: no PCI device and (before JetPack 6) no NVML; L4T's release file and nvhost nodes.
+TEGRA_RELEASE_FILE = "/etc/nv_tegra_release"
+TEGRA_RELEASE = re.compile(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 
 def driver_facts(ctx: ProbeContext) -> dict[str, Any]:
@@ -65,7 +68,7 @@ def device_node_facts(ctx: ProbeContext) -> list[dict[str, Any]]:
         return []  # Windows has no device files: the driver is reached through its DLLs
     nodes = []
     for name in ctx.listdir("/dev"):
-        if DEVICE_NODE.match(name) or name in ("dxg", "kfd"):
+        if DEVICE_NODE.match(name) or name in ("dxg", "kfd") or name.startswith("nvhost-"):
             path = f"/dev/{name}"
             nodes.append({"path": path, "read_write": ctx.can_read_write(path)})
     for name in ctx.listdir("/dev/dri"):
@@ -158,6 +161,18 @@ def platform_facts(ctx: ProbeContext) -> dict[str, Any]:
     }
 
 
+def jetson_facts(ctx: ProbeContext) -> dict[str, Any] | None:
+    """L4T's release ("# R35 (release), REVISION: 4.1, ...": L4T 35.4.1) on a Jetson; None elsewhere."""
+    if ctx.windows:
+        return None
+    text = ctx.read_text(TEGRA_RELEASE_FILE)
+    if text is None:
+        return None
+    match = TEGRA_RELEASE.search(text)
+    return {"release_text": text.strip().splitlines()[0] if text.strip() else "",
+            "l4t": f"{match.group(1)}.{match.group(2)}" if match else None}
+
+
 def gather_system(ctx: ProbeContext) -> dict[str, Any]:
     return {
         "platform": platform_facts(ctx),
@@ -165,5 +180,6 @@ def gather_system(ctx: ProbeContext) -> dict[str, Any]:
         "device_nodes": device_node_facts(ctx),
         "pci_gpus": pci_gpu_facts(ctx),
         "hosting": hosting_facts(ctx),
+        "jetson": jetson_facts(ctx),
         "shm_bytes": shm_bytes(ctx),
     }

@@ -49,6 +49,19 @@ def wsl_without_windows_cuda() -> Machine:
     return machine
 
 
+def jetson_with_pypi_torch() -> Machine:
+    """A Jetson Orin on JetPack 5.1.2 (L4T R35.4.1): no PCI GPU, no NVML library, the Tegra libcuda, nvhost nodes;
+    PyPI's aarch64 torch, which has no CUDA."""
+    tegra = "/usr/lib/aarch64-linux-gnu/tegra"
+    machine = Machine(files={"/etc/nv_tegra_release": "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: "
+                                                      "t186ref, EABI: aarch64, DATE: Tue Aug  1 19:57:35 UTC 2023\n",
+                             f"{tegra}/libcuda.so.1.1": ""},
+                      symlinks={f"{tegra}/libcuda.so.1": "libcuda.so.1.1"},
+                      nodes=["nvhost-ctrl", "nvhost-ctrl-gpu", "nvhost-gpu", "nvmap"]).cpu_torch("2.5.1")
+    machine.nvml = {"init_error": NVML_LIBRARY_NOT_FOUND}
+    return machine
+
+
 def lost_gpu() -> Machine:
     return (Machine().nvidia_host(devices=[dict(H100, lost=True)])
             .cuda_torch(devices=[], device_count=0, warnings=[CUDA_UNKNOWN_ERROR]))
@@ -151,6 +164,25 @@ def test_wsl_with_the_windows_drivers_cuda_is_not_that_finding(check_machine):
     assert "WSL_NO_WINDOWS_DRIVER_CUDA" not in {f.code for f in report.findings}
 
 
+def test_a_jetson_with_pypis_torch_gets_nvidias_jetpack_build_not_a_cuda_index(check_machine):
+    report = check_machine(jetson_with_pypi_torch())
+    primary = report.primary
+    assert primary.code == "JETSON_NEEDS_JETPACK_TORCH"
+    assert primary.headline.startswith("This is a Jetson (L4T R35.4.1, JetPack 5.1.2), and torch 2.5.1 is not")
+    assert primary.evidence["tegra libcuda"] == ["/usr/lib/aarch64-linux-gnu/tegra/libcuda.so.1"]
+    assert "/dev/nvhost-ctrl" in primary.evidence["nvhost nodes"]
+    text = fix_text(report)
+    assert "https://developer.download.nvidia.com/compute/redist/jp/" in text and "l4t-pytorch" in text
+    assert "r35.4.1-pth" in text and "jetson-ai-lab" not in text  # that index is JetPack 6's
+    assert "download.pytorch.org" not in text
+    assert {f.code for f in report.findings}.isdisjoint({"NO_NVIDIA_GPU", "CPU_ONLY_BUILD"})
+
+
+def test_a_jetson_running_nvidias_own_torch_is_not_told_to_replace_it(check_machine):
+    machine = jetson_with_pypi_torch().cuda_torch("2.1.0a0+41361538.nv23.06", "11.4", devices=[], device_count=0)
+    assert "JETSON_NEEDS_JETPACK_TORCH" not in {f.code for f in check_machine(machine).findings}
+
+
 def test_a_gpu_that_fell_off_the_bus_is_the_headline_not_nvidia_uvm(check_machine):
     report = check_machine(lost_gpu())
     primary = report.primary
@@ -247,6 +279,8 @@ CANNOT_APPLY = {
                                        "CONTAINER_NO_GPU")),
     "an uncorrectable ECC error": (ecc_error, ("TORCH_IMPORT_BROKEN", "DRIVER_NOT_LOADED", "NVIDIA_UVM_MISSING",
                                                "CONTAINER_NO_GPU")),
+    "a Jetson with PyPI's torch": (jetson_with_pypi_torch, ("DRIVER_NOT_LOADED", "CONTAINER_NO_GPU",
+                                                             "NVIDIA_UVM_MISSING", "HPC_LOGIN_NODE")),
     # The full reinstall stays, as the alternative: the finding's own, not TORCH_IMPORT_BROKEN's.
     "a missing nvidia-cudnn wheel": (broken_wheel, ("LD_LIBRARY_PATH_SHADOWING", "DRIVER_NOT_LOADED",
                                                     "CONTAINER_NO_GPU", "CUDNN_UNAVAILABLE")),

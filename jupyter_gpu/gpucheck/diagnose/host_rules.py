@@ -84,8 +84,8 @@ def _cpu_note(view: FactsView) -> str:
 
 def no_gpu(view: FactsView) -> list[Finding]:
     """No GPU reaches this machine or container; pick the most specific reason."""
-    if view.nvidia_present or view.amd_pci or view.platform.get("system") == "Darwin":
-        return []
+    if view.nvidia_present or view.amd_pci or view.platform.get("system") == "Darwin" or view.jetson:
+        return []  # a Jetson's GPU is integrated: jetson_torch() says what it needs
     hosting = view.hosting
     wsl_gpu = "/dev/dxg" in view.device_nodes
     if wsl_gpu:
@@ -350,6 +350,51 @@ def gpu_ecc_error(view: FactsView) -> list[Finding]:
         layer=LAYER_HOST)]
 
 
+# L4T's major release is JetPack's (R32: JetPack 4, R34/R35: 5, R36: 6, R38: 7); a few exact pairs from NVIDIA's
+# JetPack archive, where the minor release matters for the wheel folder.
+JETPACK_OF_L4T_MAJOR = {"32": "4", "34": "5", "35": "5", "36": "6", "38": "7"}
+JETPACK_OF_L4T = {"35.4.1": "5.1.2", "35.5.0": "5.1.3", "36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2"}
+JETSON_PYTORCH_GUIDE = "https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/index.html"
+
+
+def jetson_torch(view: FactsView) -> list[Finding]:
+    """A Jetson whose torch cannot use its integrated GPU: PyPI's aarch64 wheels are not built for it (no CUDA, or
+    CUDA for discrete server GPUs); NVIDIA builds torch for each JetPack."""
+    jetson = view.jetson
+    if not jetson or not view.torch_installed or ".nv" in (view.torch_version or ""):
+        return []  # NVIDIA's Jetson wheels carry their build in the version (2.1.0a0+41361538.nv23.06)
+    usable = view.probe_ran and (view.torch or {}).get("device_count") and not view.cuda_messages
+    if usable:
+        return []
+    l4t = jetson.get("l4t")
+    major = (l4t or "").split(".")[0]
+    jetpack = JETPACK_OF_L4T.get(l4t or "") or JETPACK_OF_L4T_MAJOR.get(major)
+    named = f"JetPack {jetpack}" if jetpack else "its JetPack"
+    fix = [f"%pip uninstall -y torch   # PyPI's aarch64 torch{_build_note(view)} cannot use a Jetson's GPU",
+           f"Install NVIDIA's torch for {named} (L4T R{l4t or '?'}): the wheel for your JetPack from "
+           f"https://developer.download.nvidia.com/compute/redist/jp/, as {JETSON_PYTORCH_GUIDE} describes."]
+    if major == "36":
+        fix.append("On JetPack 6, NVIDIA's Jetson AI Lab also serves them as an index: %pip install torch "
+                   "--index-url https://pypi.jetson-ai-lab.io/jp6/cu126")
+    fix.append("Or run Jupyter in NVIDIA's container for this release: nvcr.io/nvidia/l4t-pytorch (JetPack 4 and 5, "
+               f"tag r{l4t or '<L4T>'}-pth*) or, on JetPack 6, nvcr.io/nvidia/pytorch:<yy.mm>-py3-igpu.")
+    return [Finding(
+        "JETSON_NEEDS_JETPACK_TORCH", "fail",
+        f"This is a Jetson (L4T R{l4t or '?'}, {named}), and torch{' ' + (view.torch_version or '')} is not "
+        "NVIDIA's build for it: its integrated GPU is unused.",
+        evidence={"/etc/nv_tegra_release": jetson.get("release_text"), "l4t": l4t, "jetpack": jetpack,
+                  "nvhost nodes": [p for p in view.device_nodes if p.startswith("/dev/nvhost-")][:4] or None,
+                  "tegra libcuda": [lib["path"] for lib in (view.driver.get("libraries") or {}).get("libcuda.so.1")
+                                    or [] if "/tegra/" in lib["path"]] or None,
+                  "torch.version.cuda": view.torch_cuda},
+        fix=fix, refs=[JETSON_PYTORCH_GUIDE], layer=LAYER_HOST)]
+
+
+def _build_note(view: FactsView) -> str:
+    return " (a CPU-only build)" if view.cpu_only_build else f" (built for CUDA {view.torch_cuda})" if \
+        view.torch_cuda else ""
+
+
 def wsl_no_windows_cuda(view: FactsView) -> list[Finding]:
     """WSL 2 with its GPU bridge (/dev/dxg) but without the Windows driver's CUDA (/usr/lib/wsl/lib/libcuda.so.1):
     the Windows NVIDIA driver is missing or too old for CUDA on WSL."""
@@ -427,6 +472,6 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
 
 
 # Hardware faults first: a lost GPU or an ECC error explains CUDA's other complaints, never the reverse.
-RULES = (no_gpu, gpu_lost, gpu_ecc_error, driver_unreachable, driver_not_loaded, driver_library_mismatch,
+RULES = (no_gpu, jetson_torch, gpu_lost, gpu_ecc_error, driver_unreachable, driver_not_loaded, driver_library_mismatch,
          uvm_missing, permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver,
          rocm, wrong_vendor_build)

@@ -256,8 +256,8 @@ def nvidia_wheel_mismatch(view: FactsView, error: str) -> Finding | None:
 
 
 def cpu_only_build(view: FactsView) -> list[Finding]:
-    if not view.cpu_only_build or view.platform.get("system") == "Darwin" or view.docker_desktop_vm:
-        return []  # no CUDA build can help in Docker Desktop's VM: DOCKER_DESKTOP_NO_GPU says what can
+    if not view.cpu_only_build or view.platform.get("system") == "Darwin" or view.docker_desktop_vm or view.jetson:
+        return []  # no PyPI CUDA build helps in Docker Desktop's VM or on a Jetson: their own findings say what can
     gpu_here = view.nvidia_present or bool(view.amd_pci)
     version = view.torch_version
     return [Finding(

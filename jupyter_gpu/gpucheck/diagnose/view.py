@@ -202,6 +202,12 @@ class FactsView:
         return {name: self.env[name] for name in SLURM_GPU_VARIABLES if self.env.get(name)}
 
     @property
+    def jetson(self) -> dict[str, Any] | None:
+        """A Jetson (L4T's /etc/nv_tegra_release): its integrated GPU has no PCI device and, before JetPack 6, no
+        NVML, so none of the discrete-GPU rules applies to it."""
+        return self.system.get("jetson")
+
+    @property
     def docker_desktop_vm(self) -> bool:
         """Docker Desktop's Linux VM (macOS, or Windows without the WSL 2 engine): its kernel is a linuxkit one."""
         return "linuxkit" in (self.hosting.get("kernel_release") or "").lower()
