@@ -374,8 +374,8 @@ def jetson_torch(view: FactsView) -> list[Finding]:
            f"Install NVIDIA's torch for {named} (L4T R{l4t or '?'}): the wheel for your JetPack from "
            f"https://developer.download.nvidia.com/compute/redist/jp/, as {JETSON_PYTORCH_GUIDE} describes."]
     if major == "36":
-        fix.append("On JetPack 6, NVIDIA's Jetson AI Lab also serves them as an index: %pip install torch "
-                   "--index-url https://pypi.jetson-ai-lab.io/jp6/cu126")
+        fix.append("On JetPack 6, NVIDIA's Jetson AI Lab also serves these wheels from its package index: "
+                   "https://pypi.jetson-ai-lab.io/jp6/cu126")
     fix.append("Or run Jupyter in NVIDIA's container for this release: nvcr.io/nvidia/l4t-pytorch (JetPack 4 and 5, "
                f"tag r{l4t or '<L4T>'}-pth*) or, on JetPack 6, nvcr.io/nvidia/pytorch:<yy.mm>-py3-igpu.")
     return [Finding(
