@@ -7,6 +7,8 @@ finding's fix commands from that page and checks none of the inapplicable ones r
 
 from __future__ import annotations
 
+import html
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from fake_machine import H100, Machine
 
 from jupyter_gpu.facts.gather import gather_facts
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
+from jupyter_gpu.gpucheck.render import render_html, render_text
 
 FINDINGS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "findings.md"
 NVML_DRIVER_NOT_LOADED, NVML_LIBRARY_NOT_FOUND = 9, 12
@@ -244,6 +247,26 @@ def test_an_older_nccl_than_torchs_pin_is_named_from_the_undefined_symbol(check_
 def test_an_import_error_from_a_library_whose_wheel_matches_torchs_pin_is_not_blamed_on_it(check_machine):
     report = check_machine(broken_wheel(**{"nvidia-cudnn-cu12": ("9.1.0.70", [])}))
     assert report.primary.code == "TORCH_IMPORT_BROKEN"
+
+
+SITUATIONS = {"SLURM_JOB_WITHOUT_GPU": slurm_node, "DOCKER_DESKTOP_NO_GPU": docker_desktop,
+              "JETSON_NEEDS_JETPACK_TORCH": jetson_with_pypi_torch,
+              "WSL_NO_WINDOWS_DRIVER_CUDA": wsl_without_windows_cuda, "GPU_LOST_OR_XID": lost_gpu,
+              "GPU_ECC_ERROR": ecc_error, "NVIDIA_WHEEL_MISMATCH": broken_wheel}
+
+
+@pytest.mark.parametrize("code", list(SITUATIONS))
+def test_each_situation_reads_the_same_in_text_html_and_json(check_machine, code: str) -> None:
+    report = check_machine(SITUATIONS[code]())
+    primary = report.primary
+    assert primary.code == code
+    text, page = render_text(report), html.unescape(render_html(report))
+    as_json = json.loads(json.dumps(report.to_dict(include_facts=False)))
+    [finding] = [f for f in as_json["findings"] if f["code"] == code]
+    assert finding["headline"] == primary.headline and finding["fix"] == list(primary.fix)
+    for shown in (text, page):
+        assert primary.headline in shown or report.verdict.endswith(primary.headline[1:]), code
+        assert primary.fix[0] in shown, code
 
 
 # -- every documented fix against every situation ---------------------------------------------------------------
