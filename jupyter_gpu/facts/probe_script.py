@@ -144,6 +144,11 @@ def marker_holds(marker):
     return True
 
 
+def _project(name):
+    """A distribution name as pip compares them (nvidia_cudnn_cu12 is nvidia-cudnn-cu12)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def nvidia_pins(torch_requires):
     """torch's exact pins on the nvidia-* wheels it loads its CUDA libraries from, each with the version installed
     and, when that differs, which other installed packages ask for the same wheel and how."""
@@ -160,7 +165,7 @@ def nvidia_pins(torch_requires):
         except metadata.PackageNotFoundError:
             installed = None
         pins.append({"name": name, "required": spec[2:], "installed": installed, "required_by": []})
-    unmet = {pin["name"].lower().replace("_", "-"): pin for pin in pins if pin["installed"] != pin["required"]}
+    unmet = {_project(pin["name"]): pin for pin in pins if pin["installed"] != pin["required"]}
     if unmet:
         for dist in metadata.distributions():
             owner = dist.metadata["Name"] or ""
@@ -168,8 +173,9 @@ def nvidia_pins(torch_requires):
                 continue
             for requirement in dist.requires or []:
                 match = NVIDIA_PIN.match(requirement.strip())
-                if match and match.group(1).lower().replace("_", "-") in unmet and marker_holds(match.group(3)):
-                    unmet[match.group(1).lower().replace("_", "-")]["required_by"].append(
+                pin = unmet.get(_project(match.group(1))) if match else None
+                if pin is not None and marker_holds(match.group(3)):
+                    pin["required_by"].append(
                         {"name": owner, "version": dist.version, "spec": (match.group(2) or "").replace(" ", "")})
     return pins
 

@@ -15,13 +15,14 @@ from jupyter_gpu.gputime.compiled import LOOP_COUNT, LOOP_INDEX, CompiledCell
 from jupyter_gpu.options import OptionsError, split_magic_line
 
 
-def parse_line_or_cell(name: str, line: str, cell: str | None, parser: Any, validate: Callable[[Any], None], *,
-                       body: str, needs: str, empty: str) -> tuple[Any, str]:
+def parse_line_or_cell(name: str, line: str, cell: str | None, make_parser: Callable[[str], Any],
+                       validate: Callable[[Any], None], *, body: str, needs: str, empty: str) -> tuple[Any, str]:
     """The options and the statement of a magic that is both `%name STATEMENT` and `%%name` on a cell.
 
     Each mistake is one sentence: a statement beside a cell body (`body`: what goes in the cell), a line form
     without one (`needs`: the whole sentence), an empty cell (`empty`: what is missing)."""
     magic = f"%%{name}" if cell is not None else f"%{name}"
+    parser = make_parser(magic)
     try:
         tokens, statement = split_magic_line(line, parser)
         options = parser.parse_args(tokens)

@@ -36,7 +36,7 @@ class GpuProfileMagics(Magics):
         __tracebackhide__ = True  # an error in the cell shows the cell's lines
         magic = "%%gpuprofile" if cell is not None else "%gpuprofile"
         options, statement = parse_line_or_cell(
-            "gpuprofile", line, cell, gpuprofile_parser(magic),
+            "gpuprofile", line, cell, gpuprofile_parser,
             validate_gpuprofile, body="the training loop",
             needs="%gpuprofile needs the function that trains, e.g. %gpuprofile train_one_epoch(model, loader); use "
                   "%%gpuprofile on a cell that holds the loop.", empty="there is no training loop to profile")

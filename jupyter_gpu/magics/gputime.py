@@ -62,7 +62,7 @@ class GpuTimeMagics(Magics):
 
     def _parse(self, line: str, cell: str | None) -> tuple[Any, str]:
         return parse_line_or_cell(
-            "gputime", line, cell, gputime_parser("%%gputime" if cell is not None else "%gputime"), validate_gputime,
+            "gputime", line, cell, gputime_parser, validate_gputime,
             body="the code", needs="%gputime needs a statement to time, e.g. %gputime model(x); use %%gputime to "
                                    "time a whole cell.", empty="nothing to time")
 
