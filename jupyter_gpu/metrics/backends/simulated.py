@@ -52,7 +52,7 @@ SW_THERMAL_SLOWDOWN = 0x20
 HW_THERMAL_SLOWDOWN = 0x40
 
 # The `lost` scenario's GPU falls off the bus this many seconds after the backend is created.
-LOST_AFTER_S = 20.0
+LOST_AFTER_S = 5.0
 # pynvml's text for NVML_ERROR_GPU_IS_LOST, which the NVML backend quotes in its message.
 _GPU_IS_LOST = "GPU is lost"
 
