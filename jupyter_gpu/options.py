@@ -377,6 +377,16 @@ def gpumem_parser(prog: str = "%gpumem") -> SentenceParser:
     return parser
 
 
+def gpucells_parser(prog: str = "%gpucells") -> SentenceParser:
+    parser = SentenceParser(prog=prog, add_help=False, usage="%(prog)s [-n N] [-o] [-q]",
+                            description="Which of your cells used the GPU, for how long, and how much memory: "
+                                        "recorded after every cell since jupyter_gpu was loaded.")
+    parser.add_argument("-n", dest="shown", type=_whole_number("-n", 1), default=10, metavar="N",
+                        help="how many of the last cells to show (default 10)")
+    add_result_options(parser, "return the log (CellLog: .rows, each with .flags; .to_dict())")
+    return parser
+
+
 def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
     parser = SentenceParser(prog=prog, add_help=False,
                             usage="%%%%gpuprofile [options]  (on the training cell)  or  %%gpuprofile [options] "

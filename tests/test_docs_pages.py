@@ -24,8 +24,8 @@ DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 README_LIMIT_BYTES = 15 * 1024
 
-FEATURE_PAGES = ("gpucheck", "gputime", "batchprobe", "dataprobe", "speedprobe", "gpumem", "gpuprofile", "gpupanel",
-                 "side-panel", "distributed", "cli")
+FEATURE_PAGES = ("gpucheck", "gputime", "batchprobe", "dataprobe", "speedprobe", "gpumem", "gpuprofile", "gpucells",
+                 "gpupanel", "side-panel", "distributed", "cli")
 HEADINGS = ("The question it answers", "A real output", "Every option", "The result object", "What it never does",
             "Known limits", "Speed")
 README_SECTIONS = ("Quick start", "Which question, which tool", "Install into your own Jupyter", "Requirements",

@@ -1,30 +1,16 @@
 """Which cell made memory grow: per-cell growth from `%gpumem --watch`'s records, and the cells that leak.
 
-Pure. A cell leaks when it ran at least twice and every run left at least LEAK_BYTES more behind than it found:
-a cell that builds a model grows once, a cell that appends each loss tensor (and its graph) to a list grows each
-time it runs.
+Pure. Which cell leaks is `memory_growth.grew_every_run`, the rule `%gpucells` flags with too.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 from jupyter_gpu.gpumem.result import CellRecord, Leak, growth_by_record
+from jupyter_gpu.memory_growth import LEAK_BYTES, cell_key, cell_label, grew_every_run
 
-MIB = 1024 * 1024
-LEAK_BYTES = MIB  # below this, growth is a counter or a cached scalar, not a leak worth a warning
+__all__ = ["LEAK_BYTES", "NEW_ENTRIES", "cell_key", "cell_label", "find_leaks", "new_entries"]
+
 NEW_ENTRIES = 3   # the largest new storages named per cell
-
-
-def cell_key(source: str) -> str:
-    """The same cell, run again, has the same key; an edited cell is a new one."""
-    return hashlib.sha1(source.strip().encode("utf-8", "replace")).hexdigest()[:12]
-
-
-def cell_label(source: str, width: int = 60) -> str:
-    """The cell's first non-blank line, shortened."""
-    line = next((line.strip() for line in source.splitlines() if line.strip()), "")
-    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def find_leaks(records: list[CellRecord]) -> list[Leak]:
@@ -39,7 +25,7 @@ def find_leaks(records: list[CellRecord]) -> list[Leak]:
     leaks: list[Leak] = []
     for key, indices in runs.items():
         grew = [growth[i] for i in indices]
-        if len(indices) >= 2 and all(size >= LEAK_BYTES for size in grew):
+        if grew_every_run(grew):
             last = records[indices[-1]]
             leaks.append(Leak(cell=last.cell, cell_key=key, runs=tuple(records[i].execution_count for i in indices),
                               growth=tuple(grew), new_entries=last.new_entries))

@@ -11,13 +11,14 @@ if TYPE_CHECKING:
 
 # What `%load_ext jupyter_gpu` registers and `%unload_ext` removes: only magics that exist.
 MAGIC_NAMES = {"line": ["gpucheck", "gputime", "batchprobe", "gpupanel", "dataprobe", "speedprobe", "gpumem",
-                        "gpuprofile"],
+                        "gpuprofile", "gpucells"],
                "cell": ["gputime", "batchprobe", "gpuprofile"]}
 
 
 def magic_classes() -> list[type[Magics]]:
     from jupyter_gpu.magics.batchprobe import BatchProbeMagics
     from jupyter_gpu.magics.dataprobe import DataProbeMagics
+    from jupyter_gpu.magics.gpucells import GpuCellsMagics
     from jupyter_gpu.magics.gpucheck import GpuCheckMagics
     from jupyter_gpu.magics.gpumem import GpuMemMagics
     from jupyter_gpu.magics.gpupanel import GpuPanelMagics
@@ -26,4 +27,4 @@ def magic_classes() -> list[type[Magics]]:
     from jupyter_gpu.magics.speedprobe import SpeedProbeMagics
 
     return [GpuCheckMagics, GpuTimeMagics, BatchProbeMagics, GpuPanelMagics, DataProbeMagics, SpeedProbeMagics,
-            GpuMemMagics, GpuProfileMagics]
+            GpuMemMagics, GpuProfileMagics, GpuCellsMagics]

@@ -1,9 +1,10 @@
-"""Which cell is running and when the last ones ran, from IPython's own events: one recorder per shell.
+"""Which cell is running and what the last ones did, from IPython's own events: one recorder per shell.
 
 `%gpupanel`'s "GPU idle while a cell runs" alert reads the running cell; `%gpucheck` matches the finished
-cells' windows against the shared sampler's GPU readings. IPython glue: `pre_run_cell`/`post_run_cell` record
-wall-clock times (the clock `Sample.timestamp` uses); nothing is sampled here and nothing touches torch, NVML or
-CUDA.
+cells' windows against the shared sampler's GPU readings; `%gpucells` shows each finished cell's GPU figures.
+IPython glue: `pre_run_cell`/`post_run_cell` record wall-clock times (the clock `Sample.timestamp` uses) and hand
+the GPU measuring to `probekit.cell_meter`, which never starts CUDA or NVML. A failing measurement is kept as the
+row's `error`: it never breaks the user's cell.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import weakref
 from collections import deque
 from typing import Any
 
-KEPT_CELLS = 20
+from jupyter_gpu.memory_growth import cell_key, cell_label
+
+KEPT_CELLS = 200  # about 200 bytes each: a day's work in a notebook, bounded
 
 
 class CellActivity:
@@ -24,20 +27,44 @@ class CellActivity:
         self.shell = shell
         self.started: float | None = None  # time.time() when the running cell began; None between cells
         self.cell_id: str | None = None  # the front end's id of the last cell run, when it sends one
+        self._source = ""
+        self._opened: Any = None  # what the cell meter recorded at the start (CUDA only)
+        self._error: str | None = None
         self._cells: deque[dict[str, Any]] = deque(maxlen=kept)
         shell.events.register("pre_run_cell", self._pre)
         shell.events.register("post_run_cell", self._post)
 
     def _pre(self, info: Any = None) -> None:
-        self.started = time.time()
         self.cell_id = getattr(info, "cell_id", None)
+        self._source = getattr(info, "raw_cell", None) or ""
+        self._opened, self._error = None, None
+        try:
+            from jupyter_gpu.probekit.cell_meter import open_cell
+
+            self._opened = open_cell()
+        except Exception as exc:  # a failing record never breaks the user's cell
+            self._error = f"at the start: {type(exc).__name__}: {exc}"
+        self.started = time.time()  # after the meter: the cell's wall time is the cell's alone
 
     def _post(self, result: Any = None) -> None:
         if self.started is None:
             return
+        ended = time.time()
         count = getattr(result, "execution_count", None)
-        self._cells.append({"execution_count": count, "started": self.started, "ended": time.time()})
-        self.started = None
+        row: dict[str, Any] = {"execution_count": count, "started": self.started, "ended": ended,
+                               "cell": cell_label(self._source), "cell_key": cell_key(self._source)}
+        try:
+            from jupyter_gpu.probekit.cell_meter import busy_during, close_cell
+
+            if self._opened is not None:
+                row.update(close_cell(self._opened))
+            row.update(busy_during(self.started, ended, row.get("uuids") or []))
+        except Exception as exc:  # as above
+            self._error = self._error or f"at the end: {type(exc).__name__}: {exc}"
+        if self._error:
+            row["error"] = self._error
+        self._cells.append(row)
+        self.started, self._opened = None, None
 
     def cells(self) -> list[dict[str, Any]]:
         """Finished cells, oldest first (the cell running `%gpucheck` has not finished, so it is not here)."""

@@ -99,7 +99,8 @@ class CudaMemoryWatch:
                 torch.cuda.reset_peak_memory_stats(index)
 
     def finish(self) -> list[DeviceMemory]:
-        torch = self._torch
+        # The torch given, else the one the cell imported since: a cell that starts CUDA owns every figure.
+        torch = self._torch if self._torch is not None else loaded_torch()
         if not cuda_initialized(torch):
             return []
         found = []

@@ -1,55 +1,46 @@
 """Was the GPU busy during the last long cell? From the sampler readings in the snapshot's notebook activity.
 
-Pure: reads `notebook["activity"]` (facts/activity.py documents its keys). A cell counts as long from
-`LONG_CELL_S`; NVML averages utilisation over 1/6 s to 1 s, so a handful of readings is needed to say anything.
+Pure: reads `notebook["activity"]` (facts/activity.py documents its keys); what counts as long, watched and busy is
+`cell_usage`'s, which `%gpucells` flags with too.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from jupyter_gpu.cell_usage import (
+    LONG_CELL_S,
+    LOW_UTILIZATION_PERCENT,
+    MIN_READINGS,
+    average_utilization,
+    kernel_devices,
+    pid_listed,
+    readings_during,
+)
 from jupyter_gpu.gpucheck.diagnose.stack import LastCell
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
-from jupyter_gpu.gpucheck.diagnose.visibility import canonical_uuid
 from jupyter_gpu.models import LAYER_USAGE, Finding
 
-LONG_CELL_S = 5.0
-MIN_READINGS = 3
-LOW_UTILIZATION_PERCENT = 10.0
-
-
-def _kernel_devices(activity: dict[str, Any], readings: list[dict[str, Any]], view: FactsView) -> set[int]:
-    """The GPUs this kernel ran on: where NVML lists its PID, else the CUDA devices it opened, else every GPU."""
-    pid = activity.get("pid")
-    listed = {d["index"] for s in readings for d in s["devices"] if pid is not None and pid in (d.get("pids") or [])}
-    if listed:
-        return listed
-    uuids = {canonical_uuid(d.get("uuid")) for d in view.in_kernel.get("devices") or []} - {None}
-    opened = {d["index"] for s in readings for d in s["devices"] if canonical_uuid(d.get("uuid")) in uuids}
-    return opened or {d["index"] for s in readings for d in s["devices"]}
+__all__ = ["LONG_CELL_S", "LOW_UTILIZATION_PERCENT", "MIN_READINGS", "last_long_cell", "low_utilization"]
 
 
 def last_long_cell(view: FactsView) -> LastCell | None:
     activity = (view.notebook or {}).get("activity") or {}
     samples = activity.get("samples") or []
+    pid = activity.get("pid")
     for cell in reversed(activity.get("cells") or []):
         seconds = cell["ended"] - cell["started"]
         if seconds < LONG_CELL_S:
             continue
-        readings = [s for s in samples if cell["started"] < s["t"] <= cell["ended"]]
+        readings = readings_during(samples, cell["started"], cell["ended"])
         if len(readings) < MIN_READINGS:
             return None  # the last long cell was not watched: an older one would mislead
-        devices = _kernel_devices(activity, readings, view)
-        values = [d["utilization_gpu"] for s in readings for d in s["devices"]
-                  if d["index"] in devices and d.get("utilization_gpu") is not None]
-        if not values:
+        devices = kernel_devices(readings, pid, (d.get("uuid") for d in view.in_kernel.get("devices") or []))
+        average = average_utilization(readings, devices)
+        if average is None:
             return None
-        pid = activity.get("pid")
-        held = bool(view.in_kernel.get("cuda_initialized")) or any(
-            pid in (d.get("pids") or []) for s in readings for d in s["devices"])
+        held = bool(view.in_kernel.get("cuda_initialized")) or pid_listed(readings, pid)
         names = sorted(f"GPU {i}" for i in devices)
         return LastCell(execution_count=cell.get("execution_count"), seconds=round(seconds, 1),
-                        utilization_percent=round(sum(values) / len(values), 1), samples=len(readings),
+                        utilization_percent=round(average, 1), samples=len(readings),
                         devices=names, held_gpu=held, simulated=bool(activity.get("simulated")))
     return None
 
