@@ -104,6 +104,14 @@ def _idle_seconds(kernel: KernelInfo | None, now: float) -> float | None:
     return max(now - kernel.last_activity, 0.0)
 
 
+def idle_gauge_seconds(kernel: KernelInfo | None, now: float) -> float | None:
+    """What Prometheus is told: how long the kernel has run nothing, 0 while it runs a cell, None when its state
+    says neither (starting, dead, or no activity seen yet)."""
+    if kernel is not None and kernel.execution_state == "busy":
+        return 0.0
+    return _idle_seconds(kernel, now)
+
+
 def attribute(sample: Sample | None, kernels: Iterable[KernelInfo], lookup: ProcessLookup,
               server_uid: int) -> list[Holder]:
     """Everyone holding GPU memory in `sample`, biggest first."""

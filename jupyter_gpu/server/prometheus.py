@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from jupyter_gpu.metrics.sample import DeviceSample, Sample
-from jupyter_gpu.server.attribution import Holder
+from jupyter_gpu.server.attribution import Holder, idle_gauge_seconds
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -68,15 +68,22 @@ def render(sample: Sample | None, holders: Iterable[Holder]) -> str:
         rows = [(labels, value) for d, labels in devices if (value := read(d)) is not None]
         if rows:
             gauge(name, help_text, rows)
-    holder_rows = []
+    holder_rows, idle_rows = [], []
     for holder in holders:
         paths = ", ".join(holder.kernel.paths) if holder.kernel is not None else None
         kernel_id = holder.kernel.kernel_id if holder.kernel is not None else None
+        # At the reading's time, as the panel's holder table says it: the two never disagree.
+        idle = idle_gauge_seconds(holder.kernel, sample.timestamp)
         for index, memory in sorted(holder.memory_by_device.items()):
             if memory is not None:
                 labels = _labels([("gpu", str(index)), ("kind", holder.kind), ("kernel_id", kernel_id),
                                   ("notebook", paths or None), ("program", holder.label if holder.kind == "process"
                                                                 else None)])
                 holder_rows.append((labels, memory))
+                if idle is not None:
+                    idle_rows.append((labels, round(idle, 3)))
     gauge("holder_memory_bytes", "GPU memory held by each kernel (by notebook) or other process.", holder_rows)
+    # The memory gauge's labels, so `holder_memory_bytes and kernel_idle_seconds > 1800` needs no `on (...)`.
+    gauge("kernel_idle_seconds", "Seconds since the kernel holding this memory last ran anything; 0 while it runs "
+                                 "a cell.", idle_rows)
     return "\n".join(lines) + "\n"

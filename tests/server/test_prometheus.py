@@ -58,3 +58,25 @@ def test_a_lost_gpu_is_device_ok_zero() -> None:
 
 def test_escape_label() -> None:
     assert escape_label('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
+
+
+def test_each_kernel_holding_memory_has_its_idle_seconds_with_the_memory_gauges_labels() -> None:
+    device0 = DeviceSample(0, "H200", "GPU-0", processes=(GpuProcess(77, 5 << 30), GpuProcess(88, 1 << 30),
+                                                          GpuProcess(99, 2 << 30)))
+    device1 = DeviceSample(1, "H200", "GPU-1", processes=(GpuProcess(77, 3 << 30),))
+    now = 10_000.0
+    kernels = [KernelInfo("idle-kernel", "python3", 77, "idle", now - 3600.5, None, ("forgotten.ipynb",)),
+               KernelInfo("busy-kernel", "python3", 88, "busy", now - 5, now - 5, ("training.ipynb",)),
+               KernelInfo("new-kernel", "python3", 99, "starting", None, None, ("new.ipynb",))]
+    sample = Sample(now, "nvml", False, devices=(device0, device1))
+    text = render(sample, attribute(sample, kernels, lambda pid: ProcessInfo(pid, 1, 0, "python"), 0))
+    memory = metric(text, "jupyter_gpu_holder_memory_bytes")
+    idle = metric(text, "jupyter_gpu_kernel_idle_seconds")
+    labels = {series.partition("{")[2]: value for series, value in idle.items()}
+    assert labels == {'gpu="0",kind="kernel",kernel_id="idle-kernel",notebook="forgotten.ipynb"}': "3600.5",
+                      'gpu="1",kind="kernel",kernel_id="idle-kernel",notebook="forgotten.ipynb"}': "3600.5",
+                      'gpu="0",kind="kernel",kernel_id="busy-kernel",notebook="training.ipynb"}': "0.0"}
+    # Each idle series has a memory series with exactly the same labels; a starting kernel's state says neither.
+    assert {series.partition("{")[2] for series in memory} >= set(labels)
+    assert "new-kernel" in "".join(memory) and "new-kernel" not in "".join(idle)
+    assert "# TYPE jupyter_gpu_kernel_idle_seconds gauge" in text

@@ -222,10 +222,11 @@ def _series(result: list[dict[str, Any]]) -> dict[tuple[str, frozenset[tuple[str
 
 
 def _rendered(sample: Sample) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """What the server exported for `sample`, as the same (name, labels) -> value (holders aside)."""
+    """What the server exported for `sample`, as the same (name, labels) -> value (holders and their idle time
+    aside: the next tests check those)."""
     out = {}
     for line in render(sample, []).splitlines():
-        if line.startswith("#") or line.startswith("jupyter_gpu_holder_memory_bytes"):
+        if line.startswith(("#", "jupyter_gpu_holder_memory_bytes", "jupyter_gpu_kernel_idle_seconds")):
             continue
         series, value = line.rsplit(" ", 1)
         name = series.partition("{")[0]
@@ -237,7 +238,8 @@ def _rendered(sample: Sample) -> dict[tuple[str, frozenset[tuple[str, str]]], fl
 
 def test_with_the_token_every_gpu_gauge_is_the_reading_the_server_took(prometheus: Prometheus, lab: LabServer) -> None:
     # One evaluation time, a little in the past: every series' newest point is then from the same finished scrape.
-    selector = '{job="jupyter-gpu", __name__=~"jupyter_gpu_.*", __name__!="jupyter_gpu_holder_memory_bytes"}'
+    selector = ('{job="jupyter-gpu", __name__=~"jupyter_gpu_.*", '
+                '__name__!~"jupyter_gpu_holder_memory_bytes|jupyter_gpu_kernel_idle_seconds"}')
 
     def scraped() -> list[dict[str, Any]] | None:
         result = prometheus.query(selector, at=time.time() - 1.5)
@@ -270,6 +272,80 @@ def test_the_memory_a_notebook_holds_is_scraped_with_its_notebook_and_kernel(pro
         assert float(row["value"][1]) == HELD_BYTES
         if instance is not None:
             assert labels["instance"] == instance
+
+
+def test_the_kernel_holding_memory_is_scraped_with_its_idle_seconds_under_the_same_labels(
+        prometheus: Prometheus, notebook: dict[str, Any]) -> None:
+    selector = f'{{job="jupyter-gpu", notebook="{NOTEBOOK}"}}'
+    idle_query = f"jupyter_gpu_kernel_idle_seconds{selector}"
+    (first,) = prometheus.wait_for("the kernel's idle seconds", lambda: prometheus.query(idle_query))
+    (memory,) = prometheus.query(f"jupyter_gpu_holder_memory_bytes{selector}")
+    assert {k: v for k, v in first["metric"].items() if k != "__name__"} == {
+        k: v for k, v in memory["metric"].items() if k != "__name__"}
+    assert first["metric"]["kernel_id"] == notebook["kernel"]["id"]
+    # It counts on while the kernel runs nothing: a later scrape says more.
+    later = prometheus.wait_for("a later idle figure", lambda: [
+        r for r in prometheus.query(idle_query) if float(r["value"][1]) >= float(first["value"][1]) + 1.5])
+    assert len(later) == 1
+
+
+FORGOTTEN_KERNEL_TEST = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # A notebook left open over lunch: 3 GiB on GPU 0, idle from minute 0, one minute more each minute.
+      - series: 'jupyter_gpu_holder_memory_bytes{forgotten}'
+        values: '3221225472x60'
+      - series: 'jupyter_gpu_kernel_idle_seconds{forgotten}'
+        values: '0+60x60'
+      # A notebook whose kernel runs a cell every 20 minutes holds memory too, and is never forgotten.
+      - series: 'jupyter_gpu_holder_memory_bytes{at_work}'
+        values: '8589934592x60'
+      - series: 'jupyter_gpu_kernel_idle_seconds{at_work}'
+        values: '0+60x19 0+60x19 0+60x19'
+    alert_rule_test:
+      - eval_time: 30m
+        alertname: JupyterGpuForgottenKernel
+        exp_alerts: []
+      - eval_time: 31m
+        alertname: JupyterGpuForgottenKernel
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: gpu-node-1, gpu: "0", kernel_id: k1, notebook: forgotten.ipynb}}
+            exp_annotations:
+              summary: '{summary}'
+              description: '{description}'
+      - eval_time: 59m
+        alertname: JupyterGpuForgottenKernel
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: gpu-node-1, gpu: "0", kernel_id: k1, notebook: forgotten.ipynb}}
+            exp_annotations:
+              summary: '{summary}'
+              description: '{description}'
+"""
+
+
+def test_the_forgotten_kernel_alert_goes_off_after_30_idle_minutes_and_never_for_a_kernel_at_work(
+        prometheus_bin: str, tmp_path: Path) -> None:
+    """`promtool test rules` (Prometheus' own rule evaluator) plays an hour of two kernels' series through the
+    documented rule: one left idle, one that runs a cell every 20 minutes."""
+    rules = tmp_path / "jupyter-gpu-alerts.yml"
+    rules.write_text(documented_alert_rules())
+    (rule,) = [rule for rule in alert_rules() if rule["alert"] == "JupyterGpuForgottenKernel"]
+    summary = (rule["annotations"]["summary"].replace("{{ $labels.notebook }}", "forgotten.ipynb")
+               .replace("{{ $labels.instance }}", "gpu-node-1").replace("{{ $value | humanize1024 }}", "3Gi")
+               .replace("{{ $labels.gpu }}", "0"))
+    test = tmp_path / "forgotten-kernel-test.yml"
+    labels = '{{instance="gpu-node-1",job="jupyter-gpu",gpu="{}",kind="kernel",kernel_id="{}",notebook="{}"}}'
+    test.write_text(FORGOTTEN_KERNEL_TEST.format(rules=rules.name, summary=summary.replace("'", "''"),
+                                                 forgotten=labels.format(0, "k1", "forgotten.ipynb"),
+                                                 at_work=labels.format(1, "k2", "training.ipynb"),
+                                                 description=rule["annotations"]["description"].replace("'", "''")))
+    promtool = str(Path(prometheus_bin).with_name("promtool"))
+    result = subprocess.run([promtool, "test", "rules", test.name], capture_output=True, text=True, timeout=60,
+                            cwd=tmp_path)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
 def test_without_the_token_the_target_is_down_with_a_403_and_with_either_header_it_is_up(
@@ -307,14 +383,27 @@ def test_the_documented_alert_rules_load_and_go_off_for_what_they_describe(prome
         return seen if expected <= seen else None
 
     seen = prometheus.wait_for(f"the alerts {sorted(expected)}", active)
-    assert not {alert for alert in seen if alert[0] in ("JupyterGpuLost", "JupyterGpuMetricsUnavailable")}
+    # The notebook's kernel has run nothing for seconds, not 30 minutes (promtool below plays the 30 minutes).
+    assert not {alert for alert in seen if alert[0] in ("JupyterGpuLost", "JupyterGpuMetricsUnavailable",
+                                                        "JupyterGpuForgottenKernel")}
 
 
 def test_every_documented_and_dashboard_query_runs_in_prometheus(prometheus: Prometheus) -> None:
     queries = documented_queries() + dashboard_queries()
     results = {expr: prometheus.query(expr) for expr in queries}  # get() asserts "success": no parse or type error
+    # "Idle for more than 30 minutes": the notebook's kernel has been idle for seconds, so not yet; with the
+    # threshold at 0 the same query finds it, with the memory it holds.
+    forgotten = [expr for expr in results if re.search(r"jupyter_gpu_kernel_idle_seconds(\{[^}]*\})? > 30 \* 60", expr)]
+    assert len(forgotten) == 2  # the docs' query and the dashboard's panel
+    for expr in forgotten:
+        assert not any(r["metric"].get("notebook") == NOTEBOOK for r in results[expr])
+        now = prometheus.wait_for(f"{NOTEBOOK} in {expr} at 0 s", lambda e=expr: [
+            r for r in prometheus.query(e.replace("30 * 60", "0")) if r["metric"].get("notebook") == NOTEBOOK])
+        # Two of the jobs scrape the server under one instance name, which the query's sum adds up.
+        assert sorted(float(r["value"][1]) for r in now) == [HELD_BYTES, 2 * HELD_BYTES]
     # What they are about: the notebook's memory, per notebook and on idle GPUs (not the stat panels' totals).
-    per_notebook = [expr for expr in results if re.search(r"by \([^)]*notebook", expr) and not expr.startswith("sum(")]
+    per_notebook = [expr for expr in results if re.search(r"by \([^)]*notebook", expr) and not expr.startswith("sum(")
+                    and expr not in forgotten]
     assert len(per_notebook) >= 4
     assert [expr for expr in per_notebook
             if not any(r["metric"].get("notebook") == NOTEBOOK for r in results[expr])] == []
