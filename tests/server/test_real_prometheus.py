@@ -311,18 +311,14 @@ tests:
         exp_alerts: []
       - eval_time: 31m
         alertname: JupyterGpuForgottenKernel
-        exp_alerts:
+        exp_alerts: &forgotten_only
           - exp_labels: {{severity: warning, instance: gpu-node-1, gpu: "0", kernel_id: k1, notebook: forgotten.ipynb}}
             exp_annotations:
               summary: '{summary}'
               description: '{description}'
       - eval_time: 59m
         alertname: JupyterGpuForgottenKernel
-        exp_alerts:
-          - exp_labels: {{severity: warning, instance: gpu-node-1, gpu: "0", kernel_id: k1, notebook: forgotten.ipynb}}
-            exp_annotations:
-              summary: '{summary}'
-              description: '{description}'
+        exp_alerts: *forgotten_only
 """
 
 
