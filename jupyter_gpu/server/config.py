@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traitlets import Float, Int, TraitError, validate
+from traitlets import Bool, Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
 from jupyter_gpu.metrics.sampler import MIN_INTERVAL
@@ -11,6 +11,12 @@ from jupyter_gpu.metrics.sampler import MIN_INTERVAL
 class JupyterGpu(Configurable):
     interval = Float(1.0, config=True, help="Seconds between GPU readings (one sampler for every client).")
     history = Int(600, config=True, help="Readings kept on the server, so a reopened panel shows its past.")
+    freeze_startup_objects = Bool(
+        True, config=True,
+        help="Once the server has started, move the objects start-up made (modules, classes, JupyterLab's "
+             "extensions: some 200,000) out of the garbage collector's full collections with gc.freeze(). Each "
+             "full collection otherwise stops the event loop for about 100 ms, the tail of a burst of panel polls. "
+             "Objects made later are collected as before.")
 
     @validate("interval")
     def _check_interval(self, proposal: dict) -> float:
