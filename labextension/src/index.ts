@@ -4,13 +4,15 @@
  * jupyter_gpu server extension (`jupyter-gpu/api/metrics` and `/status`).
  */
 
-import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { ILabShell, ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { gpuIcon } from './icon';
 import { parseSettings } from './model';
 import { GpuPanel, PANEL_ID } from './panel';
+import { GpuStatusItem, STATUS_ITEM_ID } from './statusbar';
 
 const PLUGIN_ID = 'jupyter-gpu:plugin';
 
@@ -22,12 +24,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
   description: 'GPU side panel: live utilisation and memory, which notebook holds the GPU, alerts.',
   autoStart: true,
-  optional: [ILayoutRestorer, ISettingRegistry, ICommandPalette],
+  optional: [ILayoutRestorer, ISettingRegistry, ICommandPalette, IStatusBar, ILabShell],
   activate: (
     app: JupyterFrontEnd,
     restorer: ILayoutRestorer | null,
     registry: ISettingRegistry | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    statusBar: IStatusBar | null,
+    labShell: ILabShell | null
   ): void => {
     const panel = new GpuPanel({
       openPath: (path: string) => {
@@ -51,6 +55,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
       palette.addItem({ command: CommandIDs.open, category: 'GPU' });
     }
 
+    if (statusBar) {
+      const item = new GpuStatusItem({
+        panel,
+        currentKernel: () => currentKernelId(app),
+        open: () => app.shell.activateById(panel.id)
+      });
+      statusBar.registerStatusItem(STATUS_ITEM_ID, { item, align: 'left', rank: 50 });
+      // Another notebook in focus: its kernel's GPUs, at once rather than at the next poll.
+      labShell?.currentChanged.connect(() => item.update());
+    }
+
     if (registry) {
       registry
         .load(PLUGIN_ID)
@@ -67,5 +82,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
     }
   }
 };
+
+/**
+ * The kernel of the notebook or console in the main area's focus. Read by shape (a `sessionContext` with a
+ * session), so no notebook package is needed: any document with a kernel counts.
+ */
+function currentKernelId(app: JupyterFrontEnd): string | null {
+  const widget = app.shell.currentWidget as { sessionContext?: { session?: { kernel?: { id?: string } | null } | null } } | null;
+  return widget?.sessionContext?.session?.kernel?.id ?? null;
+}
 
 export default plugin;

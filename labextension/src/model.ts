@@ -6,7 +6,7 @@
  * who holds memory, "idle for 3 h") are the server's: this module only reshapes what it sends.
  */
 
-import { formatBytes, formatSpan } from './format';
+import { formatBytes, formatDuration, formatMemory, formatPercent, formatSpan } from './format';
 
 export const API_VERSION = 1;
 /** Samples the panel keeps: the server keeps 600 by default. */
@@ -590,11 +590,107 @@ export function pollInterval(refreshSeconds: number, serverIntervalSeconds: numb
   return Math.round(1000 * Math.max(setting, server));
 }
 
+// -- the status bar ---------------------------------------------------------------------------------------
+
+/** Above this share of a GPU's memory in use, the status bar turns amber (the server's MEMORY_NEARLY_FULL line). */
+export const MEMORY_NEARLY_FULL = 0.9;
+
+/** `ok`: this kernel's GPUs; `none`: no GPU for it; `warn`: amber; `fail`: red; `loading` before the first reply. */
+export type StatusLevel = 'ok' | 'none' | 'warn' | 'fail' | 'loading';
+
+export interface StatusView {
+  text: string;
+  tooltip: string;
+  level: StatusLevel;
+}
+
+/**
+ * The status-bar item for the notebook in focus (`kernelId`, null when none is), from the same poll as the panel:
+ * its kernel's GPUs with their utilisation and the memory it holds out of their total; `GPU: none` with the reason
+ * when it holds none; amber when it has held memory idle for `idleWarningSeconds` or a GPU it uses is nearly full;
+ * red when a GPU is lost or cannot be read.
+ */
+export function statusView(
+  metrics: Metrics | null,
+  status: Status | null,
+  failed: boolean,
+  kernelId: string | null,
+  idleWarningSeconds: number
+): StatusView {
+  if (metrics === null) {
+    return failed
+      ? { text: 'GPU: ?', tooltip: 'Cannot reach the GPU API of this server; retrying.', level: 'none' }
+      : { text: 'GPU …', tooltip: 'Connecting to the GPU monitor…', level: 'loading' };
+  }
+  const availability = metricsAvailability(metrics);
+  if (availability === 'starting') {
+    return { text: 'GPU …', tooltip: 'Waiting for the first GPU reading…', level: 'loading' };
+  }
+  if (availability === 'unavailable') {
+    const view = unavailableView(metrics, status);
+    const tooltip = [view.reason, view.verdict].filter(Boolean).join('\n');
+    return { text: 'GPU: none', tooltip: `${tooltip}\nClick for the GPU panel.`, level: 'none' };
+  }
+  const latest = metrics.latest as Sample;
+  const lost = latest.devices.filter(d => d.status !== 'ok');
+  if (lost.length) {
+    const names = lost.map(d => `GPU ${d.index}`).join(', ');
+    const what = lost.every(d => d.status === 'lost') ? 'lost' : 'unreadable';
+    return {
+      text: `${names} ${what}`,
+      tooltip: lost.map(d => d.error ?? `GPU ${d.index} cannot be read.`).join('\n'),
+      level: 'fail'
+    };
+  }
+  const holder =
+    kernelId === null ? undefined : metrics.holders.find(h => h.kind === 'kernel' && h.kernel_id === kernelId);
+  if (holder === undefined) {
+    const count = latest.devices.length;
+    const reason =
+      kernelId === null
+        ? 'No notebook is in focus.'
+        : "This notebook's kernel holds no GPU memory (it has not put anything on a GPU, or CUDA is not started).";
+    return {
+      text: 'GPU: none',
+      tooltip: `${reason}\nThis server has ${count} GPU${count === 1 ? '' : 's'}. Click for the GPU panel.`,
+      level: 'none'
+    };
+  }
+  const indices = holder.devices.map(d => d.index);
+  const devices = latest.devices.filter(d => indices.includes(d.index));
+  const busy = devices.map(d => d.utilization_gpu).filter((v): v is number => v !== null);
+  const utilisation = busy.length ? formatPercent(busy.reduce((a, b) => a + b, 0) / busy.length) : 'n/a';
+  const totals = devices.map(d => d.memory_total);
+  const total = totals.every(t => t !== null) ? totals.reduce((a, b) => (a as number) + (b as number), 0) : null;
+  const text = `GPU ${indices.join(',')} · ${utilisation} · ${formatMemory(holder.memory, total)}`;
+  const warnings: string[] = [];
+  if (holder.idle_seconds !== null && holder.idle_seconds >= idleWarningSeconds) {
+    warnings.push(
+      `Idle ${formatDuration(holder.idle_seconds)} while holding ${formatBytes(holder.memory)} of GPU memory: ` +
+        '%gpumem shows who holds it and %gpumem --free NAME gives it back; or shut the kernel down.'
+    );
+  }
+  for (const device of devices) {
+    const used = device.memory_used;
+    const all = device.memory_total;
+    if (used !== null && all !== null && all > 0 && used / all > MEMORY_NEARLY_FULL) {
+      warnings.push(`GPU ${device.index} memory is nearly full (${formatMemory(used, all)}).`);
+    }
+  }
+  return {
+    text,
+    tooltip: [holder.summary, ...warnings, 'Click for the GPU panel.'].join('\n'),
+    level: warnings.length ? 'warn' : 'ok'
+  };
+}
+
 // -- settings ---------------------------------------------------------------------------------------------
 
 /** The user's settings (schema/plugin.json). */
 export interface PanelSettings {
   refreshInterval: number;
+  /** The status bar turns amber when the notebook's kernel has held GPU memory this long without running. */
+  idleWarningMinutes: number;
   showUtilization: boolean;
   showMemory: boolean;
   showPowerAndTemperature: boolean;
@@ -603,6 +699,7 @@ export interface PanelSettings {
 
 export const DEFAULT_SETTINGS: Readonly<PanelSettings> = {
   refreshInterval: 1,
+  idleWarningMinutes: 10,
   showUtilization: true,
   showMemory: true,
   showPowerAndTemperature: true,
@@ -612,11 +709,13 @@ export const DEFAULT_SETTINGS: Readonly<PanelSettings> = {
 /** Settings from the registry's composite, each one checked, the default where missing or wrong. */
 export function parseSettings(composite: unknown): PanelSettings {
   const data = isObject(composite) ? composite : {};
-  const flag = (name: Exclude<keyof PanelSettings, 'refreshInterval'>): boolean =>
+  const flag = (name: Exclude<keyof PanelSettings, 'refreshInterval' | 'idleWarningMinutes'>): boolean =>
     typeof data[name] === 'boolean' ? (data[name] as boolean) : DEFAULT_SETTINGS[name];
   const interval = num(data.refreshInterval);
+  const idle = num(data.idleWarningMinutes);
   return {
     refreshInterval: interval !== null && interval >= 0.5 ? interval : DEFAULT_SETTINGS.refreshInterval,
+    idleWarningMinutes: idle !== null && idle >= 0 ? idle : DEFAULT_SETTINGS.idleWarningMinutes,
     showUtilization: flag('showUtilization'),
     showMemory: flag('showMemory'),
     showPowerAndTemperature: flag('showPowerAndTemperature'),

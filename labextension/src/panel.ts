@@ -10,7 +10,9 @@
 import { Clipboard } from '@jupyterlab/apputils';
 import { ServerConnection } from '@jupyterlab/services';
 import type { Message } from '@lumino/messaging';
+import { DisposableDelegate, IDisposable } from '@lumino/disposable';
 import { IPoll, Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { errorText, GpuApi } from './api';
@@ -54,6 +56,10 @@ export class GpuPanel extends Widget {
   private readonly _openPath: (path: string) => void;
   private readonly _poll: Poll;
   private _settings: PanelSettings = { ...DEFAULT_SETTINGS };
+
+  private readonly _changed = new Signal<this, void>(this);
+  /** Others that read this panel's data (the status bar): while any does, the poll runs even when it is hidden. */
+  private _watchers = 0;
 
   private _history: Sample[] = [];
   private _metrics: Metrics | null = null;
@@ -130,11 +136,49 @@ export class GpuPanel extends Widget {
       auto: false,
       factory: () => this._tick(),
       frequency: this._frequency(null),
-      // Poll only while this panel is shown and the browser tab is visible.
-      standby: () => (this.isVisible ? 'when-hidden' : true),
+      // Poll only while the browser tab is visible, and this panel is shown or something watches it.
+      standby: () => (this.isVisible || this._watchers > 0 ? 'when-hidden' : true),
       name: 'jupyter-gpu:metrics'
     });
     this._render();
+  }
+
+  /** Emitted after every poll, answered or failed: what the status bar redraws from. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** The last metrics reply (null before the first). */
+  get metrics(): Metrics | null {
+    return this._metrics;
+  }
+
+  /** The last /status reply, asked only when there is no GPU to show. */
+  get status(): Status | null {
+    return this._status;
+  }
+
+  /** Whether the last request failed. */
+  get failed(): boolean {
+    return this._error !== null;
+  }
+
+  /**
+   * Keep polling while the returned disposable lives, even with the panel hidden: one request then feeds both the
+   * panel and the status bar. While hidden, each poll asks only for what is new (`since`), and draws nothing.
+   */
+  watch(): IDisposable {
+    this._watchers++;
+    void this._poll.start();
+    if (this._metrics === null) {
+      void this._poll.refresh();
+    }
+    return new DisposableDelegate(() => {
+      this._watchers--;
+      if (this._watchers === 0 && !this.isVisible) {
+        void this._poll.stop();
+      }
+    });
   }
 
   /** The settings in force. */
@@ -190,12 +234,16 @@ export class GpuPanel extends Widget {
   protected onAfterHide(msg: Message): void {
     super.onAfterHide(msg);
     this._generation++;
-    void this._poll.stop();
+    if (this._watchers === 0) {
+      void this._poll.stop();
+    }
   }
 
   protected onBeforeDetach(msg: Message): void {
     this._generation++;
-    void this._poll.stop();
+    if (this._watchers === 0) {
+      void this._poll.stop();
+    }
     super.onBeforeDetach(msg);
   }
 
@@ -220,6 +268,7 @@ export class GpuPanel extends Widget {
       if (generation === this._generation && !this.isDisposed) {
         this._error = errorText(error);
         this._render();
+        this._changed.emit();
       }
       throw error; // the poll backs off
     }
@@ -235,11 +284,15 @@ export class GpuPanel extends Widget {
     this._error = null;
     this._poll.frequency = this._frequency(metrics.interval);
     this._render();
+    this._changed.emit();
   }
 
   // -- rendering -------------------------------------------------------------------------------------
 
   private _render(): void {
+    if (!this.isVisible && this._watchers > 0 && this._metrics !== null) {
+      return; // polled for the status bar: drawn when shown (showing asks for the whole history again)
+    }
     const metrics = this._metrics;
     const failed = this._error !== null;
     this.node.setAttribute('data-state', panelState(metrics, this._status, failed));
