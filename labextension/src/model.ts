@@ -536,6 +536,18 @@ export interface HolderRow {
   state: string | null;
   stateKind: string | null;
   pid: number | null;
+  /** For a kernel idle past the warning: how to give its memory back. Null otherwise. */
+  hint: string | null;
+}
+
+/** What the panel says under a kernel that holds GPU memory idle: the two ways to give it back. */
+export const IDLE_HOLDER_HINT =
+  'Idle while holding GPU memory: in the notebook, %gpumem shows who holds it and %gpumem --free NAME gives it ' +
+  'back; or shut its kernel down (Kernel > Shut Down Kernel).';
+
+/** Whether a holder is a kernel that has run nothing for `idleWarningSeconds` or more. */
+export function idleHolder(holder: Holder, idleWarningSeconds: number): boolean {
+  return holder.kind === 'kernel' && holder.idle_seconds !== null && holder.idle_seconds >= idleWarningSeconds;
 }
 
 function holderState(holder: Holder): { state: string | null; kind: string | null } {
@@ -547,10 +559,15 @@ function holderState(holder: Holder): { state: string | null; kind: string | nul
   return { state: holder.state, kind: execution === 'idle' || execution === 'busy' ? execution : 'other' };
 }
 
-/** One table row per holder, in the server's order (biggest first). */
-export function holderRows(holders: readonly Holder[]): HolderRow[] {
+/**
+ * One table row per holder: kernels idle for `idleWarningSeconds` or more first (the memory to give back), then the
+ * rest, each group in the server's order (biggest first).
+ */
+export function holderRows(holders: readonly Holder[], idleWarningSeconds = Infinity): HolderRow[] {
   const seen = new Map<string, number>();
-  return holders.map(holder => {
+  const idle = holders.filter(h => idleHolder(h, idleWarningSeconds));
+  const ordered = [...idle, ...holders.filter(h => !idleHolder(h, idleWarningSeconds))];
+  return ordered.map(holder => {
     let base: string;
     if (holder.kind === 'kernel' && holder.kernel_id) {
       base = `kernel:${holder.kernel_id}`;
@@ -573,7 +590,8 @@ export function holderRows(holders: readonly Holder[]): HolderRow[] {
       paths: holder.kind === 'kernel' ? holder.paths.slice() : [],
       state,
       stateKind: kind,
-      pid: holder.kind === 'process' ? holder.pid : null
+      pid: holder.kind === 'process' ? holder.pid : null,
+      hint: idleHolder(holder, idleWarningSeconds) ? IDLE_HOLDER_HINT : null
     };
   });
 }
@@ -664,7 +682,7 @@ export function statusView(
   const total = totals.every(t => t !== null) ? totals.reduce((a, b) => (a as number) + (b as number), 0) : null;
   const text = `GPU ${indices.join(',')} · ${utilisation} · ${formatMemory(holder.memory, total)}`;
   const warnings: string[] = [];
-  if (holder.idle_seconds !== null && holder.idle_seconds >= idleWarningSeconds) {
+  if (idleHolder(holder, idleWarningSeconds)) {
     warnings.push(
       `Idle ${formatDuration(holder.idle_seconds)} while holding ${formatBytes(holder.memory)} of GPU memory: ` +
         '%gpumem shows who holds it and %gpumem --free NAME gives it back; or shut the kernel down.'

@@ -431,7 +431,7 @@ export class GpuPanel extends Widget {
   }
 
   private _renderHolders(metrics: Metrics): void {
-    const rows = holderRows(metrics.holders);
+    const rows = holderRows(metrics.holders, this._settings.idleWarningMinutes * 60);
     const nodes: Node[] = [];
     const seen = new Set<string>();
     for (const row of rows) {

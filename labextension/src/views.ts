@@ -251,6 +251,7 @@ export class HolderRowView {
   private readonly _pid: HTMLSpanElement;
   private readonly _state: HTMLSpanElement;
   private readonly _summary: HTMLDivElement;
+  private readonly _hint: HTMLDivElement;
   private readonly _memory: HTMLTableCellElement;
   private readonly _actions: HTMLTableCellElement;
   private _memoryKey = '';
@@ -266,6 +267,7 @@ export class HolderRowView {
     this._line.append(this._label);
     this._who.append(this._line);
     this._summary = el('div', 'jp-GpuPanel-holderSummary');
+    this._hint = el('div', 'jp-GpuPanel-holderHint');
     this._memory = el('td', 'jp-GpuPanel-holderMemory');
     this._actions = el('td', 'jp-GpuPanel-holderActions');
     this.node.append(this._who, this._memory, this._actions);
@@ -288,6 +290,9 @@ export class HolderRowView {
     Private.toggle(this._who, this._summary, row.showSummary);
     setText(this._summary, row.summary);
     setAttr(this.node, 'title', row.showSummary ? null : row.summary);
+    setText(this._hint, row.hint ?? '');
+    Private.toggle(this._who, this._hint, row.hint !== null);
+    setAttr(this.node, 'data-idle', row.hint !== null ? 'true' : null);
 
     const memoryKey = JSON.stringify(row.memory);
     if (memoryKey !== this._memoryKey) {

@@ -383,3 +383,20 @@ test('a reply that is not the API is refused, a newer API version too', () => {
   assert.throws(() => parseMetrics({ ...raw(), api_version: 2 }), /version 2/);
   assert.throws(() => parseStatus({ api_version: 1 }), PayloadError);
 });
+
+test('holder rows: kernels idle past the warning come first, each with how to give the memory back', () => {
+  const metrics = golden();
+  const byServer = holderRows(metrics.holders);
+  const idleFirst = holderRows(metrics.holders, 600);
+  assert.deepEqual(new Set(idleFirst.map(r => r.key)), new Set(byServer.map(r => r.key)), 'nothing dropped');
+  const idleKernels = metrics.holders.filter(h => h.kind === 'kernel' && h.idle_seconds !== null && h.idle_seconds >= 600);
+  assert.ok(idleKernels.length >= 1);
+  assert.deepEqual(
+    idleFirst.slice(0, idleKernels.length).map(r => r.label),
+    idleKernels.map(h => h.label),
+    'the idle kernels first, in the server order'
+  );
+  assert.match(idleFirst[0].hint ?? '', /%gpumem --free NAME gives it back; or shut its kernel down/);
+  assert.ok(idleFirst.slice(idleKernels.length).every(r => r.hint === null));
+  assert.ok(byServer.every(r => r.hint === null), 'no warning threshold, no hint');
+});

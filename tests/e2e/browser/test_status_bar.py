@@ -92,6 +92,13 @@ def test_amber_once_the_kernel_has_held_memory_without_running_for_the_set_minut
         tooltip = wait_for_title(lab, "while holding 2.0 GiB of GPU memory")
         assert "%gpumem --free NAME" in tooltip
         assert item.evaluate("node => getComputedStyle(node).backgroundColor") not in ("rgba(0, 0, 0, 0)", "")
+        # The panel lists the idle holders first, each with how to give its memory back.
+        item.click()
+        row = lab.page.locator('tr.jp-GpuPanel-holder[data-idle="true"]', has_text="status/forgotten.ipynb")
+        row.wait_for(timeout=20_000)
+        assert "%gpumem --free NAME" in row.locator(".jp-GpuPanel-holderHint").inner_text()
+        idle_marks = [r.get_attribute("data-idle") for r in lab.page.locator("tr.jp-GpuPanel-holder").all()]
+        assert idle_marks == sorted(idle_marks, key=lambda mark: mark != "true"), idle_marks
     finally:
         lab_a100.request("lab/api/settings/jupyter-gpu:plugin", method="PUT", body={"raw": "{}"})
 
