@@ -55,6 +55,7 @@ PURE = [
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
     "jupyter_gpu.server.attribution", "jupyter_gpu.server.prometheus", "jupyter_gpu.server.kernels",
+    "jupyter_gpu.server.series",
 ]
 OUTSIDE_WORLD = ["torch", "pynvml", "IPython", "ipywidgets", "tornado", "jupyter_server", "matplotlib", "numpy"]
 

@@ -48,7 +48,8 @@ def load_server_extension(server_app: Any) -> RunningExtension:
     spec = os.environ.get(BACKEND_ENV, "").strip()
     # The server's own hub, not the kernel-side shared one: its history length is the server's setting.
     hub = hub_for_spec(spec, history=config.history)
-    monitor = GpuMonitor(hub, interval=config.interval, history=config.history)
+    monitor = GpuMonitor(hub, interval=config.interval, history=config.history,
+                         series_seconds=config.history_seconds)
     setup_handlers(server_app.web_app, monitor)
     tracker = BusyTracker()
 

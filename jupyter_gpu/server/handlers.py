@@ -15,6 +15,7 @@ from jupyter_server.utils import url_path_join
 
 from jupyter_gpu.server.monitor import GpuMonitor
 from jupyter_gpu.server.prometheus import CONTENT_TYPE
+from jupyter_gpu.server.series import MAX_POINTS
 
 MONITOR_SETTING = "jupyter_gpu_monitor"
 GZIP_FROM_BYTES = 64 * 1024
@@ -62,6 +63,34 @@ class MetricsHandler(_MonitorHandler):
         return gzip.compress(data, compresslevel=1)  # level 1: ~10x smaller at a fraction of level 6's cost
 
 
+class SeriesHandler(_MonitorHandler):
+    """`?window=S&points=N`: the long charts' downsampled series (S from 10 s to the kept history, N 2-1000)."""
+
+    @tornado.web.authenticated
+    def get(self) -> None:
+        window = self._number("window", 3600.0)
+        points = self._number("points", 300.0)
+        if not 10 <= window <= self.monitor.series_seconds:
+            raise tornado.web.HTTPError(400, f"'window' must be 10 to {self.monitor.series_seconds:g} seconds "
+                                             f"(c.JupyterGpu.history_seconds), got {window:g}.")
+        if not 2 <= points <= MAX_POINTS or points != int(points):
+            raise tornado.web.HTTPError(400, f"'points' must be a whole number from 2 to {MAX_POINTS}, got {points:g}.")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(self.monitor.series_json(window, int(points)))
+
+    def _number(self, name: str, default: float) -> float:
+        text = self.get_argument(name, None)
+        if text is None:
+            return default
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise tornado.web.HTTPError(400, f"'{name}' must be a number, got {text!r}.")
+        return value
+
+
 class StatusHandler(_MonitorHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
@@ -80,6 +109,7 @@ class PrometheusHandler(_MonitorHandler):
 ROUTES: tuple[tuple[tuple[str, ...], type[_MonitorHandler]], ...] = (
     (("jupyter-gpu", "api", "metrics"), MetricsHandler),
     (("jupyter-gpu", "api", "status"), StatusHandler),
+    (("jupyter-gpu", "api", "series"), SeriesHandler),
     (("jupyter-gpu", "metrics"), PrometheusHandler),
 )
 

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from jupyter_gpu.server import prometheus
 from jupyter_gpu.server.attribution import Holder, attribute
 from jupyter_gpu.server.kernels import KernelInfo
 from jupyter_gpu.server.processes import PROC_ROOT, ProcessLookup, cached_lookup
+from jupyter_gpu.server.series import SeriesStore
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ def server_alerts(sample: Sample, history: list[Sample], holders: tuple[Holder, 
 
 class GpuMonitor:
     def __init__(self, hub: SamplerHub, *, interval: float = 1.0, history: int = 600,
-                 server_uid: int | None = None,
+                 series_seconds: float = 3600.0, server_uid: int | None = None,
                  lookup_factory: Callable[[], ProcessLookup] | None = None,
                  check: Callable[[], dict[str, Any]] | None = None) -> None:
         self.hub = hub
@@ -74,6 +76,10 @@ class GpuMonitor:
         # (timestamp, the sample's JSON), oldest first; the lock also covers `view`, so a reply never pairs
         # one reading's holders with another reading's samples.
         self._history: deque[tuple[float, str]] = deque(maxlen=history)
+        # The long charts' figures, `series_seconds` of them; a downsampled reply is made once per reading and shape.
+        self.series_seconds = series_seconds
+        self._series = SeriesStore(max(2, math.ceil(series_seconds / interval)))
+        self._series_cache: dict[tuple[float, int], tuple[float | None, str]] = {}
         self._lock = threading.Lock()
         self._lookup_factory = lookup_factory or (lambda: cached_lookup(PROC_ROOT))
         self._server_uid = os.getuid() if server_uid is None else server_uid
@@ -131,6 +137,7 @@ class GpuMonitor:
         )
         with self._lock:
             self._history.append((sample.timestamp, encoded))
+            self._series.add(sample)
             self.view = view
 
     # -- what the handlers send ----------------------------------------------------------------------
@@ -163,6 +170,26 @@ class GpuMonitor:
         })
         return (f'{head[:-1]}, "latest": {latest}, "history": [{", ".join(history)}], '
                 f'"holders": {view.holders_json}, "alerts": {view.alerts_json}}}')
+
+    def series_json(self, window: float, points: int) -> str:
+        """The last `window` seconds of every GPU's utilisation and memory (% of total) in `points` buckets, each
+        with its min, mean and max (`series.SeriesStore.downsample`), up to the newest reading; the same reply for
+        every client until the next reading."""
+        with self._lock:
+            sample = self.view.sample
+            newest = sample.timestamp if sample is not None else None
+            key = (float(window), int(points))
+            cached = self._series_cache.get(key)
+            if cached is not None and cached[0] == newest:
+                return cached[1]
+            body = self._series.downsample(window, points, newest if newest is not None else time.time())
+            body.update(api_version=API_VERSION, interval=self.interval, kept_seconds=self._series.span(),
+                        history_seconds=self.series_seconds)
+            encoded = json.dumps(body)
+            if len(self._series_cache) > 8:  # a few chart shapes at most; never a client's whim kept forever
+                self._series_cache.clear()
+            self._series_cache[key] = (newest, encoded)
+            return encoded
 
     def prometheus_text(self) -> str:
         view = self.view

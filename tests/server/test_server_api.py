@@ -17,8 +17,9 @@ from jupyter_gpu.server.handlers import ROUTES
 ROUTE_PATHS = ["/".join(parts) for parts, _ in ROUTES]
 
 
-def test_there_are_the_three_documented_routes() -> None:
-    assert ROUTE_PATHS == ["jupyter-gpu/api/metrics", "jupyter-gpu/api/status", "jupyter-gpu/metrics"]
+def test_there_are_the_four_documented_routes() -> None:
+    assert ROUTE_PATHS == ["jupyter-gpu/api/metrics", "jupyter-gpu/api/status", "jupyter-gpu/api/series",
+                           "jupyter-gpu/metrics"]
 
 
 @pytest.mark.parametrize("path", ROUTE_PATHS)
@@ -83,6 +84,38 @@ def test_a_large_history_is_gzipped_for_clients_that_accept_it_and_polls_stay_pl
                             headers={"Accept-Encoding": "gzip"})
     assert "Content-Encoding" not in poll.headers and poll.json()["latest"]
     assert "Etag" not in plain.headers and "ETag" not in plain.headers
+
+
+def test_the_long_chart_series_is_downsampled_with_min_mean_and_max_per_bucket(lab_a100) -> None:
+    deadline = time.monotonic() + 20
+    while len(lab_a100.request("jupyter-gpu/api/metrics").json()["history"]) < 8:  # 4 s at the server's 0.5 s
+        assert time.monotonic() < deadline, "the server kept no readings"
+        time.sleep(0.2)
+    reply = lab_a100.request("jupyter-gpu/api/series?window=60&points=30")
+    assert reply.status == 200
+    series = reply.json()
+    assert series["points"] == 30 and len(series["t"]) == 30 and series["history_seconds"] == 3600
+    assert series["end"] - series["start"] == 60 and series["readings"] >= 8
+    by_gpu = {device["index"]: device for device in series["devices"]}
+    assert sorted(by_gpu) == list(range(8))
+    # The MIG boards (0, 1) report no utilisation: gaps, never 0; the others have every figure in each bucket.
+    assert set(by_gpu[0]["utilization"]["mean"]) == {None}
+    filled = [b for b, mean in enumerate(by_gpu[2]["utilization"]["mean"]) if mean is not None]
+    assert filled and all(by_gpu[2]["utilization"]["min"][b] <= by_gpu[2]["utilization"]["mean"][b]
+                          <= by_gpu[2]["utilization"]["max"][b] for b in filled)
+    assert all(0 <= value <= 100 for value in by_gpu[5]["memory"]["mean"] if value is not None)
+    # Asked again before the next reading: the same reply, made once.
+    assert lab_a100.request("jupyter-gpu/api/series?window=60&points=30").json()["end"] >= series["end"]
+
+
+@pytest.mark.parametrize(("query", "words"), [("window=5", "'window' must be 10 to 3600 seconds"),
+                                               ("window=7200", "'window' must be 10 to 3600 seconds"),
+                                               ("points=1", "'points' must be a whole number from 2 to 1000"),
+                                               ("points=2.5", "'points' must be a whole number"),
+                                               ("window=nan", "'window' must be a number")])
+def test_a_bad_series_request_is_a_400_with_a_sentence(lab_a100, query: str, words: str) -> None:
+    reply = lab_a100.request(f"jupyter-gpu/api/series?{query}")
+    assert reply.status == 400 and words in reply.body.decode(), reply.body
 
 
 def test_a_bad_since_is_a_400_with_a_sentence(lab_a100) -> None:
