@@ -30,6 +30,19 @@ class _MonitorHandler(APIHandler):
     def monitor(self) -> GpuMonitor:
         return self.settings[MONITOR_SETTING]
 
+    def number_argument(self, name: str, what: str) -> float | None:
+        """The query argument `name` as a finite number, None when absent; anything else is a 400 saying `what`."""
+        text = self.get_argument(name, None)
+        if text is None:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise tornado.web.HTTPError(400, f"'{name}' must be {what}, got {text!r}.")
+        return value
+
     def compute_etag(self) -> None:
         # Every reply is fresh (no-store, a new server_time): hashing megabytes of history for an ETag that
         # can never match is wasted work on the event loop.
@@ -39,17 +52,9 @@ class _MonitorHandler(APIHandler):
 class MetricsHandler(_MonitorHandler):
     @tornado.web.authenticated
     def get(self) -> None:
-        since = self.get_argument("since", None)
-        value: float | None = None
-        if since is not None:
-            try:
-                value = float(since)
-            except ValueError:
-                value = math.nan
-            if not math.isfinite(value):
-                raise tornado.web.HTTPError(400, f"'since' must be a Unix time in seconds, got {since!r}.")
+        since = self.number_argument("since", "a Unix time in seconds")
         self.set_header("Cache-Control", "no-store")
-        self.finish(self.compressed(self.monitor.metrics_json(value)))
+        self.finish(self.compressed(self.monitor.metrics_json(since)))
 
     def compressed(self, body: str) -> bytes:
         """gzip a large reply when the client accepts it: the full history of eight GPUs is about 4 MB of JSON
@@ -68,8 +73,10 @@ class SeriesHandler(_MonitorHandler):
 
     @tornado.web.authenticated
     def get(self) -> None:
-        window = self._number("window", 3600.0)
-        points = self._number("points", 300.0)
+        window = self.number_argument("window", "a number of seconds")
+        points = self.number_argument("points", "a number")
+        window = self.monitor.series_seconds if window is None else window
+        points = 300.0 if points is None else points
         if not 10 <= window <= self.monitor.series_seconds:
             raise tornado.web.HTTPError(400, f"'window' must be 10 to {self.monitor.series_seconds:g} seconds "
                                              f"(c.JupyterGpu.history_seconds), got {window:g}.")
@@ -77,18 +84,6 @@ class SeriesHandler(_MonitorHandler):
             raise tornado.web.HTTPError(400, f"'points' must be a whole number from 2 to {MAX_POINTS}, got {points:g}.")
         self.set_header("Cache-Control", "no-store")
         self.finish(self.monitor.series_json(window, int(points)))
-
-    def _number(self, name: str, default: float) -> float:
-        text = self.get_argument(name, None)
-        if text is None:
-            return default
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise tornado.web.HTTPError(400, f"'{name}' must be a number, got {text!r}.")
-        return value
 
 
 class StatusHandler(_MonitorHandler):
