@@ -6,7 +6,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-export type Endpoint = 'metrics' | 'status';
+export type Endpoint = 'metrics' | 'status' | 'series';
 
 /** The URL of one endpoint, with an optional `since` (Unix seconds). */
 export function apiUrl(settings: ServerConnection.ISettings, endpoint: Endpoint, since?: number): string {
@@ -20,6 +20,12 @@ export class GpuApi {
   /** `jupyter-gpu/api/metrics`: the latest sample, the history after `since` (all when omitted), holders, alerts. */
   metrics(since?: number): Promise<unknown> {
     return this._get(apiUrl(this.settings, 'metrics', since));
+  }
+
+  /** `jupyter-gpu/api/series`: the last `window` seconds of every GPU in `points` buckets (min, mean, max). */
+  series(window: number, points: number): Promise<unknown> {
+    const query = URLExt.objectToQueryString({ window: String(window), points: String(points) });
+    return this._get(apiUrl(this.settings, 'series') + query);
   }
 
   /** `jupyter-gpu/api/status`: is there a GPU, and if not why (with `%gpucheck`'s verdict and fix). */

@@ -425,6 +425,106 @@ export interface TimeWindow {
   end: number;
 }
 
+// -- chart windows: the last minute or ten from the kept readings, the last hour from the server's series ----
+
+export type WindowName = '1m' | '10m' | '1h';
+export const WINDOWS: ReadonlyArray<{ name: WindowName; seconds: number; label: string }> = [
+  { name: '1m', seconds: 60, label: '1 min' },
+  { name: '10m', seconds: 600, label: '10 min' },
+  { name: '1h', seconds: 3600, label: '1 h' }
+];
+/** Windows longer than the readings the panel keeps are drawn from the server's downsampled series. */
+export const SERIES_FROM_SECONDS = 3600;
+/** Buckets asked for a long window: one per 12 s of an hour, a few pixels each in the panel. */
+export const SERIES_POINTS = 300;
+
+export function windowSeconds(name: WindowName): number {
+  return (WINDOWS.find(w => w.name === name) ?? WINDOWS[1]).seconds;
+}
+
+/** The last `seconds` up to the newest reading. */
+export function recentWindow(history: readonly Sample[], seconds: number): TimeWindow | null {
+  if (!history.length) {
+    return null;
+  }
+  const end = history[history.length - 1].timestamp;
+  return { start: end - seconds, end };
+}
+
+/** Only the points inside the window: a reading older than it is not drawn left of the chart. */
+export function pointsIn(points: readonly Point[], window: TimeWindow): Point[] {
+  return points.filter(p => p.t >= window.start && p.t <= window.end);
+}
+
+export interface SeriesBand {
+  min: Array<number | null>;
+  mean: Array<number | null>;
+  max: Array<number | null>;
+}
+
+export interface Series {
+  start: number;
+  end: number;
+  bucketSeconds: number;
+  t: number[];
+  devices: Map<number, Partial<Record<ChartMetric, SeriesBand>>>;
+}
+
+function band(data: unknown, points: number): SeriesBand | undefined {
+  if (!isObject(data)) {
+    return undefined;
+  }
+  const values = (key: string): Array<number | null> => {
+    const raw = list(data[key]).map(num);
+    return raw.length === points ? raw : new Array(points).fill(null);
+  };
+  return { min: values('min'), mean: values('mean'), max: values('max') };
+}
+
+/** The `/api/series` reply, checked: a bucket list of the wrong length is all gaps, never misplaced points. */
+export function parseSeries(data: unknown): Series {
+  if (!isObject(data)) {
+    throw new PayloadError('the series reply is not an object');
+  }
+  const t = list(data.t).map(num).filter((v): v is number => v !== null);
+  const devices = new Map<number, Partial<Record<ChartMetric, SeriesBand>>>();
+  for (const device of objects(data.devices)) {
+    const index = num(device.index);
+    if (index !== null) {
+      devices.set(index, { utilization: band(device.utilization, t.length), memory: band(device.memory, t.length) });
+    }
+  }
+  return { start: num(data.start) ?? 0, end: num(data.end) ?? 0, bucketSeconds: num(data.bucket_seconds) ?? 0, t, devices };
+}
+
+export interface ChartData {
+  /** The line: each reading, or each bucket's mean. */
+  points: Point[];
+  /** Each bucket's minimum and maximum (the band around the mean); empty for raw readings. */
+  low: Point[];
+  high: Point[];
+}
+
+/** One GPU's chart from the series: a point per bucket that has a figure, at the bucket's middle. */
+export function seriesChart(series: Series, index: number, metric: ChartMetric): ChartData {
+  const values = series.devices.get(index)?.[metric];
+  const out: ChartData = { points: [], low: [], high: [] };
+  if (!values) {
+    return out;
+  }
+  const clamp = (v: number): number => Math.min(Math.max(v, 0), 100);
+  series.t.forEach((start, bucket) => {
+    const t = start + series.bucketSeconds / 2;
+    const mean = values.mean[bucket];
+    if (mean !== null) {
+      out.points.push({ t, v: clamp(mean) });
+      out.low.push({ t, v: clamp(values.min[bucket] ?? mean) });
+      out.high.push({ t, v: clamp(values.max[bucket] ?? mean) });
+    }
+  });
+  return out;
+}
+
 /** The time the charts span: the whole kept history, at least `MIN_CHART_SPAN_S`. */
 export function chartWindow(history: readonly Sample[]): TimeWindow | null {
   if (!history.length) {

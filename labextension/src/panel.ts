@@ -20,8 +20,21 @@ import { el, setAttr, setChildren, setText } from './dom';
 import { gpuIcon } from './icon';
 import {
   Alert,
+  ChartData,
+  ChartMetric,
   chartHistory,
-  chartWindow,
+  deviceSeries,
+  parseSeries,
+  pointsIn,
+  recentWindow,
+  Series,
+  SERIES_FROM_SECONDS,
+  SERIES_POINTS,
+  seriesChart,
+  TimeWindow,
+  WindowName,
+  WINDOWS,
+  windowSeconds,
   HISTORY_CAP,
   holderRows,
   mergeHistory,
@@ -36,8 +49,7 @@ import {
   Sample,
   sinceOf,
   Status,
-  unavailableView,
-  windowCaption
+  unavailableView
 } from './model';
 import { DeviceCard, HolderRowView } from './views';
 
@@ -62,6 +74,11 @@ export class GpuPanel extends Widget {
   private _watchers = 0;
 
   private _history: Sample[] = [];
+  /** The charts' window; an hour is drawn from the server's downsampled series, fetched at most once a bucket. */
+  private _window: WindowName = '10m';
+  private _series: Series | null = null;
+  private _seriesFetched = 0;
+  private readonly _windowButtons = new Map<WindowName, HTMLButtonElement>();
   private _metrics: Metrics | null = null;
   private _status: Status | null = null;
   private _error: string | null = null;
@@ -95,6 +112,7 @@ export class GpuPanel extends Widget {
     this.id = PANEL_ID;
     this.addClass('jp-GpuPanel');
     this.node.setAttribute('data-state', 'loading');
+    this.node.setAttribute('data-window', '10m');
     this.title.icon = gpuIcon;
     this.title.caption = 'GPU';
     this._api = new GpuApi(options.serverSettings);
@@ -115,7 +133,19 @@ export class GpuPanel extends Widget {
     this._devicesSection = el('section', 'jp-GpuPanel-section jp-GpuPanel-devicesSection');
     const devicesHead = el('div', 'jp-GpuPanel-sectionHead');
     this._devicesCaption = el('span', 'jp-GpuPanel-caption');
-    devicesHead.append(el('h3', 'jp-GpuPanel-sectionTitle', 'GPUs'), this._devicesCaption);
+    const windows = el('span', 'jp-GpuPanel-windows');
+    windows.setAttribute('role', 'group');
+    windows.setAttribute('aria-label', 'Chart window');
+    for (const { name, label } of WINDOWS) {
+      const button = el('button', 'jp-GpuPanel-window', label);
+      button.type = 'button';
+      button.setAttribute('data-window', name);
+      button.setAttribute('title', `Show the last ${label}`);
+      button.addEventListener('click', () => this._chooseWindow(name));
+      this._windowButtons.set(name, button);
+      windows.append(button);
+    }
+    devicesHead.append(el('h3', 'jp-GpuPanel-sectionTitle', 'GPUs'), this._devicesCaption, windows);
     this._devices = el('div', 'jp-GpuPanel-devices');
     this._devicesSection.append(devicesHead, this._devices);
 
@@ -283,8 +313,39 @@ export class GpuPanel extends Widget {
     this._status = status;
     this._error = null;
     this._poll.frequency = this._frequency(metrics.interval);
+    await this._refreshSeries(generation);
     this._render();
     this._changed.emit();
+  }
+
+  /** For a long window: the server's series again once a bucket has passed (or at once, after a choice). */
+  private async _refreshSeries(generation: number): Promise<void> {
+    const seconds = windowSeconds(this._window);
+    if (seconds < SERIES_FROM_SECONDS || !this.isVisible) {
+      return;
+    }
+    const due = this._series === null ? 0 : this._seriesFetched + this._series.bucketSeconds * 1000;
+    if (Date.now() < due) {
+      return;
+    }
+    const series = parseSeries(await this._api.series(seconds, SERIES_POINTS));
+    if (generation === this._generation && windowSeconds(this._window) === seconds) {
+      this._series = series;
+      this._seriesFetched = Date.now();
+    }
+  }
+
+  private _chooseWindow(name: WindowName): void {
+    if (name === this._window) {
+      return;
+    }
+    this._window = name;
+    this._series = null;
+    this.node.setAttribute('data-window', name);
+    this._render();
+    if (windowSeconds(name) >= SERIES_FROM_SECONDS) {
+      void this._poll.refresh(); // fetch the series now, not at the next tick
+    }
   }
 
   // -- rendering -------------------------------------------------------------------------------------
@@ -407,9 +468,23 @@ export class GpuPanel extends Widget {
 
   private _renderDevices(latest: Sample): void {
     const history = chartHistory(this._history, latest);
-    const span = chartWindow(history);
-    const caption = windowCaption(span);
+    const seconds = windowSeconds(this._window);
+    const series = seconds >= SERIES_FROM_SECONDS ? this._series : null;
+    const span: TimeWindow | null = series ? { start: series.start, end: series.end } : recentWindow(history, seconds);
+    const label = WINDOWS.find(w => w.name === this._window)?.label ?? '';
+    const caption = series
+      ? `last ${label}, ${Math.round(series.bucketSeconds)} s buckets: mean, min to max`
+      : seconds >= SERIES_FROM_SECONDS
+        ? `last ${label}: loading…`
+        : `last ${label}`;
     setText(this._devicesCaption, caption);
+    for (const [name, button] of this._windowButtons) {
+      button.setAttribute('aria-pressed', String(name === this._window));
+    }
+    const chart = (index: number) => (metric: ChartMetric): ChartData =>
+      series
+        ? seriesChart(series, index, metric)
+        : { points: span ? pointsIn(deviceSeries(history, index, metric), span) : [], low: [], high: [] };
     const cards: Node[] = [];
     const seen = new Set<number>();
     for (const device of latest.devices) {
@@ -419,7 +494,7 @@ export class GpuPanel extends Widget {
         this._cards.set(device.index, card);
       }
       seen.add(device.index);
-      card.update(device, history, span, caption);
+      card.update(device, chart(device.index), span, caption);
       cards.push(card.node);
     }
     for (const index of Array.from(this._cards.keys())) {

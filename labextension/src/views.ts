@@ -14,17 +14,7 @@ import {
   formatTemperature,
   NOT_AVAILABLE
 } from './format';
-import {
-  ChartMetric,
-  Device,
-  deviceSeries,
-  HolderRow,
-  MigInstance,
-  PanelSettings,
-  polylinePoints,
-  Sample,
-  TimeWindow
-} from './model';
+import { ChartData, ChartMetric, Device, HolderRow, MigInstance, PanelSettings, polylinePoints, TimeWindow } from './model';
 
 /** The charts' coordinate box; the SVG is stretched to the card's width. */
 const CHART_WIDTH = 100;
@@ -37,6 +27,7 @@ export class Chart {
   private readonly _svg: SVGSVGElement;
   private readonly _line: SVGPolylineElement;
   private readonly _area: SVGPolygonElement;
+  private readonly _band: SVGPolygonElement;
   private readonly _empty: HTMLDivElement;
 
   constructor(readonly metric: ChartMetric, label: string) {
@@ -56,15 +47,28 @@ export class Chart {
       );
     }
     this._area = svg('polygon', { class: 'jp-GpuPanel-chartArea', points: '' });
+    this._band = svg('polygon', { class: 'jp-GpuPanel-chartBand', points: '' });
     this._line = svg('polyline', { class: 'jp-GpuPanel-chartLine', points: '', 'data-points': '0' });
-    this._svg.append(this._area, this._line);
+    this._svg.append(this._area, this._band, this._line);
     this._empty = el('div', 'jp-GpuPanel-chartEmpty', 'not reported');
     this.node.append(this._svg);
   }
 
-  update(history: readonly Sample[], index: number, window: TimeWindow | null, caption: string): void {
-    const points = deviceSeries(history, index, this.metric);
+  /** The line (each reading, or each bucket's mean) and, for a long window, the band from min to max. */
+  update(data: ChartData, window: TimeWindow | null, caption: string): void {
+    const points = data.points;
     const line = window ? polylinePoints(points, window, CHART_WIDTH, CHART_HEIGHT) : '';
+    const band =
+      window && data.high.length > 1
+        ? `${polylinePoints(data.high, window, CHART_WIDTH, CHART_HEIGHT)} ${polylinePoints(
+            data.low.slice().reverse(),
+            window,
+            CHART_WIDTH,
+            CHART_HEIGHT
+          )}`
+        : '';
+    setAttr(this._band, 'points', band);
+    setAttr(this._svg, 'data-band', band ? 'min-max' : null);
     setAttr(this._line, 'points', line);
     // The count is on the polyline and on its chart (the browser tests read the chart's).
     setAttr(this._line, 'data-points', String(points.length));
@@ -142,7 +146,12 @@ export class DeviceCard {
     this._mig = el('div', 'jp-GpuPanel-mig');
   }
 
-  update(device: Device | undefined, history: readonly Sample[], window: TimeWindow | null, caption: string): void {
+  update(
+    device: Device | undefined,
+    chart: (metric: ChartMetric) => ChartData,
+    window: TimeWindow | null,
+    caption: string
+  ): void {
     const status = device ? device.status : 'lost';
     setAttr(this.node, 'data-status', status);
     setText(this._name, device ? device.name : '');
@@ -182,7 +191,7 @@ export class DeviceCard {
             : 'This GPU does not report its utilisation'
           : null
       );
-      this._util.chart.update(history, this.index, window, caption);
+      this._util.chart.update(chart('utilization'), window, caption);
     }
     if (this._memory) {
       setText(this._memory.value, ok ? formatMemory(device.memory_used, device.memory_total) : NOT_AVAILABLE);
@@ -191,7 +200,7 @@ export class DeviceCard {
           ? `PyTorch allocated ${formatBytes(device.torch_allocated)}, reserved ${formatBytes(device.torch_reserved)}`
           : null;
       setAttr(this._memory.value, 'title', torch);
-      this._memory.chart.update(history, this.index, window, caption);
+      this._memory.chart.update(chart('memory'), window, caption);
     }
     if (this._stats) {
       setText(this._stats.power, ok ? formatPower(device.power_w, device.power_limit_w) : NOT_AVAILABLE);

@@ -37,6 +37,7 @@ class LabPage:
         self.page.on("dialog", lambda dialog: (self.dialogs.append(dialog.message), dialog.dismiss()))
         self.metrics_requests: list[float] = []
         self.metrics_urls: list[str] = []
+        self.series_urls: list[str] = []
         self.page.on("request", self._count)
         # ?reset: start from an empty workspace, not the layout an earlier test left on the server.
         self.page.goto(f"{server.base}lab?reset&token={TOKEN}")
@@ -46,6 +47,8 @@ class LabPage:
         if "/jupyter-gpu/api/metrics" in request.url:  # type: ignore[attr-defined]
             self.metrics_requests.append(__import__("time").monotonic())
             self.metrics_urls.append(request.url)  # type: ignore[attr-defined]
+        elif "/jupyter-gpu/api/series" in request.url:  # type: ignore[attr-defined]
+            self.series_urls.append(request.url)  # type: ignore[attr-defined]
 
     def toggle_panel(self) -> None:
         self.page.click('.jp-SideBar [data-id="jupyter-gpu-panel"]')

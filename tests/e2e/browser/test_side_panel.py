@@ -97,6 +97,28 @@ def test_history_comes_from_the_server_and_survives_closing_the_panel(lab_a100, 
                timeout=3.0, message="history refilled")
 
 
+def test_the_window_selector_shows_a_minute_ten_or_an_hour_of_min_mean_max_buckets(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    chart = '.jp-GpuPanel-device[data-gpu-index="2"] svg.jp-GpuPanel-chart[data-metric="utilization"]'
+    caption = ".jp-GpuPanel-devicesSection .jp-GpuPanel-caption"
+    assert lab.attribute(".jp-GpuPanel", "data-window") == "10m" and lab.texts(caption) == ["last 10 min"]
+    lab.page.click('.jp-GpuPanel-window[data-window="1m"]')
+    assert lab.texts(caption) == ["last 1 min"]
+    assert lab.attribute('.jp-GpuPanel-window[data-window="1m"]', "aria-pressed") == "true"
+    # The server samples every 0.5 s: a minute holds at most ~120 readings, whatever the history kept.
+    assert 2 <= int(lab.attribute(chart, "data-points") or 0) <= 125
+    lab.page.click('.jp-GpuPanel-window[data-window="1h"]')
+    # An hour comes from the server's series (GET .../api/series), drawn as the mean with a min-max band.
+    wait_until(lab, lambda: lab.texts(caption) == ["last 1 h, 12 s buckets: mean, min to max"],
+               message="the hour's series")
+    assert any("/jupyter-gpu/api/series?" in url and "window=3600" in url for url in lab.metrics_urls + lab.series_urls)
+    assert lab.attribute(chart, "data-band") == "min-max"
+    assert 1 <= int(lab.attribute(chart, "data-points") or 0) <= 300
+    mig = '.jp-GpuPanel-device[data-gpu-index="0"] svg.jp-GpuPanel-chart[data-metric="utilization"]'
+    assert lab.attribute(mig, "data-points") == "0"  # a MIG board: no line, never a line at 0
+
+
 def test_with_the_panel_hidden_the_status_bar_keeps_one_poll_that_asks_only_for_what_is_new(lab_a100, lab_page) -> None:
     lab = lab_page(lab_a100)
     lab.open_panel()
