@@ -122,6 +122,9 @@ class DeviceSample:
     # This kernel's PyTorch caching allocator on this GPU; None unless the kernel had already started CUDA.
     torch_allocated: int | None = None
     torch_reserved: int | None = None
+    # NVML's compute mode: "default", "exclusive_process" (one process at a time may hold a context), "prohibited"
+    # (none may); None when NVML cannot say. A GPU another process holds in exclusive mode is closed to the rest.
+    compute_mode: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in DEVICE_STATUSES:

@@ -56,6 +56,8 @@ export interface Device {
   processes: GpuProcess[] | null;
   torch_allocated: number | null;
   torch_reserved: number | null;
+  /** NVML's compute mode: 'default', 'exclusive_process', 'prohibited'; null when unknown. */
+  compute_mode: string | null;
 }
 
 export type SampleStatus = 'ok' | 'no_driver' | 'error' | string;
@@ -218,7 +220,8 @@ export function parseDevice(data: Json, position = 0): Device {
     mig_instances: objects(data.mig_instances).map(parseMig),
     processes,
     torch_allocated: num(data.torch_allocated),
-    torch_reserved: num(data.torch_reserved)
+    torch_reserved: num(data.torch_reserved),
+    compute_mode: str(data.compute_mode)
   };
 }
 
@@ -726,7 +729,8 @@ export interface StatusView {
  * The status-bar item for the notebook in focus (`kernelId`, null when none is), from the same poll as the panel:
  * its kernel's GPUs with their utilisation and the memory it holds out of their total; `GPU: none` with the reason
  * when it holds none; amber when it has held memory idle for `idleWarningSeconds` or a GPU it uses is nearly full;
- * red when a GPU is lost or cannot be read.
+ * red when a GPU is lost or cannot be read, or when every GPU is closed to it (another process holds it in
+ * exclusive-process mode, or compute is prohibited).
  */
 export function statusView(
   metrics: Metrics | null,
@@ -762,15 +766,36 @@ export function statusView(
   }
   const holder =
     kernelId === null ? undefined : metrics.holders.find(h => h.kind === 'kernel' && h.kernel_id === kernelId);
+  // GPUs no new process can use: another one holds it in exclusive-process mode, or compute is prohibited.
+  const closed = latest.devices.filter(
+    d => d.compute_mode === 'prohibited' || (d.compute_mode === 'exclusive_process' && (d.processes ?? []).length > 0)
+  );
+  const closedText = closed
+    .map(d =>
+      d.compute_mode === 'prohibited'
+        ? `GPU ${d.index} is in prohibited compute mode: no process may use it.`
+        : `GPU ${d.index} is held by another process in exclusive-process mode: no other process can create a ` +
+          'CUDA context on it ("CUDA-capable device(s) is/are busy or unavailable").'
+    )
+    .join('\n');
+  if (holder === undefined && kernelId !== null && closed.length > 0 && closed.length === latest.devices.length) {
+    return {
+      text: `GPU ${closed.map(d => d.index).join(',')} taken`,
+      tooltip: `${closedText}\nThis notebook cannot use a GPU here until that process ends; ask its owner or the ` +
+        "server's administrator.",
+      level: 'fail'
+    };
+  }
   if (holder === undefined) {
     const count = latest.devices.length;
     const reason =
       kernelId === null
         ? 'No notebook is in focus.'
         : "This notebook's kernel holds no GPU memory (it has not put anything on a GPU, or CUDA is not started).";
+    const taken = closedText ? `\n${closedText}` : '';
     return {
       text: 'GPU: none',
-      tooltip: `${reason}\nThis server has ${count} GPU${count === 1 ? '' : 's'}. Click for the GPU panel.`,
+      tooltip: `${reason}\nThis server has ${count} GPU${count === 1 ? '' : 's'}.${taken}\nClick for the GPU panel.`,
       level: 'none'
     };
   }

@@ -91,3 +91,19 @@ test('the idle threshold is a setting in minutes, 10 by default, 0 allowed, neve
   assert.equal(parseSettings({ idleWarningMinutes: 0 }).idleWarningMinutes, 0);
   assert.equal(parseSettings({ idleWarningMinutes: -1 }).idleWarningMinutes, 10);
 });
+
+test('red: every GPU is held by another process in exclusive-process mode, so this notebook cannot use one', () => {
+  const taken = device(0, { compute_mode: 'exclusive_process', processes: [{ pid: 999, memory_used: GIB }] });
+  const view = statusView(metrics([taken]), null, false, 'k1', TEN_MIN);
+  assert.deepEqual([view.text, view.level], ['GPU 0 taken', 'fail']);
+  assert.match(view.tooltip, /^GPU 0 is held by another process in exclusive-process mode/);
+  // One GPU of two taken: the other is free, so no red; the tooltip still names the taken one.
+  const oneOfTwo = statusView(metrics([taken, device(1, { compute_mode: 'default' })]), null, false, 'k1', TEN_MIN);
+  assert.equal(oneOfTwo.level, 'none');
+  assert.match(oneOfTwo.tooltip, /GPU 0 is held by another process in exclusive-process mode/);
+  // Exclusive mode with nobody on it yet is open; the kernel holding it itself is its own GPU, shown as usual.
+  const free = device(0, { compute_mode: 'exclusive_process', processes: [] });
+  assert.equal(statusView(metrics([free]), null, false, 'k1', TEN_MIN).level, 'none');
+  const mine = statusView(metrics([taken], [holder('k1', [[0, GIB]], 5)]), null, false, 'k1', TEN_MIN);
+  assert.equal(mine.level, 'ok');
+});

@@ -33,6 +33,7 @@ class FakeGpu:
         self.uuid = uuid
         self.errors = errors  # call label -> NVML error code to raise
         self.lost = False
+        self.compute_mode = pynvml.NVML_COMPUTEMODE_DEFAULT
         self.utilization = SimpleNamespace(gpu=97, memory=41)
         self.memory = SimpleNamespace(used=61_440 * MIB, total=143_771 * MIB, free=82_331 * MIB)
         self.temperature = 66
@@ -129,6 +130,9 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, gpu: FakeGpu) -> object:
         return gpu.answer("name", gpu.name)
+
+    def nvmlDeviceGetComputeMode(self, gpu: FakeGpu) -> object:
+        return gpu.answer("compute_mode", gpu.compute_mode)
 
     def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> object:
         return gpu.answer("uuid", gpu.uuid)
@@ -272,9 +276,19 @@ def test_a_device_that_supports_everything():
         "processes": [{"pid": 4242, "memory_used": 60_000 * MIB, "gpu_instance_id": None}],
         "torch_allocated": None,
         "torch_reserved": None,
+        "compute_mode": "default",
         "throttled": True,
     }
     assert nvml.event_reason_calls == 1
+
+
+def test_the_compute_mode_is_named_as_nvml_h_names_it():
+    gpu = FakeGpu()
+    gpu.compute_mode = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    (device,) = NvmlBackend(FakeNvml(gpu)).read().devices
+    assert device.compute_mode == "exclusive_process"
+    gpu.compute_mode = pynvml.NVML_COMPUTEMODE_PROHIBITED
+    assert NvmlBackend(FakeNvml(gpu)).read().devices[0].compute_mode == "prohibited"
 
 
 @pytest.mark.parametrize("label, fields", [
@@ -286,6 +300,7 @@ def test_a_device_that_supports_everything():
     ("pcie_rx", {"pcie_rx_bytes_per_s"}),
     ("mig_mode", {"mig_enabled"}),
     ("compute", {"processes"}),
+    ("compute_mode", {"compute_mode"}),
 ])
 def test_an_unsupported_field_is_none_and_the_others_still_read(label, fields):
     other = pynvml.NVML_ERROR_NO_PERMISSION if label == "event_reasons" else pynvml.NVML_ERROR_NOT_SUPPORTED

@@ -44,6 +44,9 @@ def init_failure_message(error: str, code: int | None = None) -> str:
     return f"NVML could not start: {error}" + (f" ({hint})." if hint else ".")
 
 
+# nvmlComputeMode_t (nvml.h): 1, exclusive to a thread, was removed from the driver but can still be read back.
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+
 def lost_message(index: int, error: object) -> str:
     """The one sentence a GPU that fell off the bus is reported with (the simulated `lost` scenario reuses it)."""
     return f"NVML reports GPU {index} is lost ({error}): it fell off the bus and needs a reset or a reboot."
@@ -242,6 +245,7 @@ class NvmlBackend:
             mig_enabled=mig_enabled,
             mig_instances=self._mig_instances(nvml, handle, field) if mig_enabled else (),
             processes=self._processes(nvml, handle, field),
+            compute_mode=COMPUTE_MODES.get(field("compute_mode", lambda: int(nvml.nvmlDeviceGetComputeMode(handle)))),
         )
 
     def _pcie_throughput(self, nvml: Any, index: int, handle: Any, field: _Field) -> tuple[float | None, float | None]:

@@ -20,7 +20,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from jupyter_gpu.metrics.backends.claims import CLAIMS_ENV, apply_claims, read_claims
@@ -216,6 +216,7 @@ def _device(t: float, index: int, card: _Card, load: _Load, seed: str,
         mig_enabled=slices is not None,
         mig_instances=instances,
         processes=processes,
+        compute_mode="default",
     )
 
 
@@ -298,11 +299,17 @@ _A100_LOADS: tuple[_Load, ...] = (
 _A100_SLICES: dict[int, tuple[_Slice, ...]] = {0: _SEVEN_SMALL, 1: _TWO_LARGE}
 
 
+# The GPU another process holds is in exclusive-process mode, as shared servers set a GPU handed to one job.
+_A100_EXCLUSIVE = 5
+
+
 def _a100x8(t: float) -> tuple[str, str | None, tuple[DeviceSample, ...]]:
-    return "ok", None, tuple(
+    devices = (
         _device(t, index, _A100S[index], _A100_LOADS[index], f"a100x8-mig:{index}", _A100_SLICES.get(index))
         for index in range(8)
     )
+    return "ok", None, tuple(replace(d, compute_mode="exclusive_process") if d.index == _A100_EXCLUSIVE else d
+                             for d in devices)
 
 
 # -- two consumer cards on PCIe, no NVLink --------------------------------------------------------------
@@ -357,7 +364,8 @@ _SCENARIOS: dict[str, _Scenario] = {
     "a100x8-mig": _Scenario(
         "Eight NVIDIA A100-SXM4-80GB: GPU 0 in MIG mode as 7x 1g.10gb, GPU 1 as 4g.40gb + 3g.40gb (no "
         "utilisation on MIG boards, as NVML reports it); GPUs 2-3 training, 4 idle, 5 with 74 GiB held by "
-        "another process, 6 capped at its 400 W power limit, 7 serving light inference.", _a100x8),
+        "another process in exclusive-process mode, 6 capped at its 400 W power limit, 7 serving light "
+        "inference.", _a100x8),
     "pcie-pair": _Scenario(
         "Two idle NVIDIA GeForce RTX 4090 (24 GB) on PCIe, no NVLink: 0-3 % utilisation, ~280 MiB used, "
         "12-25 W, no processes.", _pcie_pair),
