@@ -38,6 +38,11 @@ def format_bytes(count: int | float | None) -> str:
     return f"{sign}{int(magnitude)} B"
 
 
+def format_growth(count: int) -> str:
+    """`+12.0 MiB`, `-3.0 MiB`, `0 B`: growth reads as growth."""
+    return "+" + format_bytes(count) if count > 0 else format_bytes(count)
+
+
 _SIZE_SUFFIXES = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
                   "t": 1000**4, "tb": 1000**4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 

@@ -10,7 +10,7 @@ from html import escape
 
 from jupyter_gpu.gpucells.result import CellLog, CellRow
 from jupyter_gpu.render_kit import COLOUR, table_text
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.units import format_bytes, format_growth, format_seconds
 
 HEADINGS = ("In [n]", "cell", "wall", "GPU time", "GPU busy", "peak allocated", "left behind", "flags")
 NUMERIC = ("wall", "GPU time", "GPU busy", "peak allocated", "left behind")
@@ -28,7 +28,7 @@ def _short(text: str) -> str:
 def _signed(count: int | None) -> str:
     if count is None:
         return "–"
-    return "+" + format_bytes(count) if count > 0 else format_bytes(count)
+    return format_growth(count)
 
 
 def _cells(row: CellRow) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from jupyter_gpu.gpumem.result import (
     StillHeld,
 )
 from jupyter_gpu.render_kit import COLOUR, table_text
-from jupyter_gpu.units import format_bytes, format_count, format_seconds
+from jupyter_gpu.units import format_bytes, format_count, format_growth, format_seconds
 
 ENTRY_HEADINGS = ("name", "what", "device", "dtype", "shape", "size", "also held by")
 LEVEL_HEADINGS = ("device", "allocated before", "allocated after", "change")
@@ -54,10 +54,6 @@ def _shorten(text: str, width: int) -> str:
     line = lines[0] if lines else ""
     return line if len(line) <= width else line[:width - 1] + "…"
 
-
-def _signed(count: int) -> str:
-    """`+12.0 MiB`, `-3.0 MiB`, `0 B`: growth reads as growth."""
-    return "+" + format_bytes(count) if count > 0 else format_bytes(count)
 
 
 def _plural(count: int, one: str, many: str) -> str:
@@ -277,7 +273,7 @@ def level_table(result: FreeReport) -> list[tuple[str, ...]]:
     for device in _devices(result):
         before, after = _level(result.before, device), _level(result.after, device)
         allocated = (before.allocated_bytes if before else None, after.allocated_bytes if after else None)
-        change = _signed(allocated[1] - allocated[0]) if None not in allocated else "n/a"
+        change = format_growth(allocated[1] - allocated[0]) if None not in allocated else "n/a"
         row = (device, format_bytes(allocated[0]), format_bytes(allocated[1]), change)
         if with_reserved:
             row += (format_bytes(before.reserved_bytes if before else None),
@@ -351,7 +347,7 @@ def _sized(pairs: tuple[tuple[str, int], ...], shown: int | None = None) -> str:
 def _history_row(record: CellRecord, growth: int, first: bool) -> tuple[str, ...]:
     # The first record has nothing before it: a blank says so, where "0 B" would read as "this cell added nothing".
     return (f"In [{record.execution_count}]", _shorten(record.cell, CELL_WIDTH), format_bytes(record.allocated_bytes),
-            "" if first else _signed(growth), _sized(record.new_entries, NEW_ENTRIES_SHOWN))
+            "" if first else format_growth(growth), _sized(record.new_entries, NEW_ENTRIES_SHOWN))
 
 
 def history_table(result: MemoryHistory) -> list[tuple[str, ...]]:
@@ -361,7 +357,7 @@ def history_table(result: MemoryHistory) -> list[tuple[str, ...]]:
 
 def leak_line(leak: Leak) -> str:
     """`leak? cell `x = f()` grew every time it ran: +4.0 MiB, ... (runs In [3], ...); its last run added: ...`."""
-    grew = ", ".join(_signed(size) for size in leak.growth)
+    grew = ", ".join(format_growth(size) for size in leak.growth)
     runs = ", ".join(f"In [{run}]" for run in leak.runs)
     text = f"leak? cell `{_shorten(leak.cell, LEAK_CELL_WIDTH)}` grew every time it ran: {grew} (runs {runs})"
     if leak.new_entries:
