@@ -26,6 +26,16 @@ from jupyter_gpu.probekit.storages import live_storages
 # for them is longer.
 NOTEBOOK_OUTPUT_WAIT_SECONDS = 30
 
+# Tests that spend their time waiting (for a browser's polls and backoff, a server's sampler, a notebook's sleep), not
+# computing: `./dev test` runs them (marker `waits`) in a lane of their own beside the two parallel workers, where
+# they overlap the CPU-bound tests instead of taking a core's turn. Measured on a warm checkout (CPU = the test
+# process and its reaped children): the browser tests 114 s of wall time for 19 s of CPU, the real Prometheus 10 s for
+# 0.4 s, the server API 9.6 s for 1.4 s, the autoload kernels 15.8 s for 3.4 s, notebook 04 10.4 s for 1.2 s.
+MOSTLY_WAITING = (
+    "tests/e2e/browser/", "tests/server/test_real_prometheus.py", "tests/server/test_server_api.py",
+    "tests/autoload/test_autoload_kernel.py", "example_notebooks/04_gpupanel.ipynb",
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -33,6 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # to the whole suite, not to the fast loop (`./dev test --fast` selects "not probe_children").
         if "lay_out" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.probe_children)
+        if item.nodeid.startswith(MOSTLY_WAITING):
+            item.add_marker(pytest.mark.waits)
         if hasattr(item, "output_timeout"):  # an nbval notebook cell (this hook sees every collected item)
             item.output_timeout = NOTEBOOK_OUTPUT_WAIT_SECONDS
 
