@@ -30,10 +30,14 @@ NOTEBOOK_OUTPUT_WAIT_SECONDS = 30
 # computing: `./dev test` runs them (marker `waits`) in a lane of their own beside the two parallel workers, where
 # they overlap the CPU-bound tests instead of taking a core's turn. Measured on a warm checkout (CPU = the test
 # process and its reaped children): the browser tests 114 s of wall time for 19 s of CPU, the real Prometheus 10 s for
-# 0.4 s, the server API 9.6 s for 1.4 s, the autoload kernels 15.8 s for 3.4 s, notebook 04 10.4 s for 1.2 s.
+# 0.4 s, the server API 9.6 s for 1.4 s, the autoload kernels 15.8 s for 3.4 s, notebook 04 10.4 s for 1.2 s, the
+# sampler-fed idle-GPU flags of %gpucells and %gpucheck 5.7 s and 5.6 s for 0.2 s each, the panel widget 4.0 s for
+# 0.2 s, a stuck start-up check's timeout 5.1 s for 0.6 s, `jupyter-gpu record` 2.8 s for 0.6 s.
 MOSTLY_WAITING = (
     "tests/e2e/browser/", "tests/server/test_real_prometheus.py", "tests/server/test_server_api.py",
     "tests/autoload/test_autoload_kernel.py", "example_notebooks/04_gpupanel.ipynb",
+    "tests/magics/test_gpucells_magic.py", "tests/magics/test_gpucheck_activity.py", "tests/widgets/test_panel.py",
+    "tests/autoload/test_startup_check.py", "tests/cli/test_record.py",
 )
 
 
