@@ -1,7 +1,8 @@
 """Print the slowest tests of one `./dev test` run, read from the JUnit XML files its pytest runs wrote.
 
-`./dev test` runs the suite in two pytest runs (the parallel part, then the timing tests alone), so pytest's own
-`--durations` would print two lists; this prints one, each test's time being its setup, call and teardown.
+`./dev test` runs the suite in three pytest runs (the parallel part, the waiting lane beside it, then the timing
+tests), so pytest's own `--durations` would print three lists; this prints one, each test's time being its setup,
+call and teardown.
 """
 
 from __future__ import annotations
