@@ -182,14 +182,16 @@ class GpuMonitor:
             cached = self._series_cache.get(key)
             if cached is not None and cached[0] == newest:
                 return cached[1]
-            body = self._series.downsample(window, points, newest if newest is not None else time.time())
-            body.update(api_version=API_VERSION, interval=self.interval, kept_seconds=self._series.span(),
-                        history_seconds=self.series_seconds)
-            encoded = json.dumps(body)
+            store = self._series.copy()  # bucketed outside the lock: the sampler thread's next reading never waits
+        body = store.downsample(window, points, newest if newest is not None else time.time())
+        body.update(api_version=API_VERSION, interval=self.interval, kept_seconds=store.span(),
+                    history_seconds=self.series_seconds)
+        encoded = json.dumps(body)
+        with self._lock:
             if len(self._series_cache) > 8:  # a few chart shapes at most; never a client's whim kept forever
                 self._series_cache.clear()
             self._series_cache[key] = (newest, encoded)
-            return encoded
+        return encoded
 
     def prometheus_text(self) -> str:
         view = self.view

@@ -61,6 +61,15 @@ class SeriesStore:
         self._next = (slot + 1) % self.capacity
         self._count = min(self._count + 1, self.capacity)
 
+    def copy(self) -> SeriesStore:
+        """A snapshot, so that a reply can be bucketed without holding up the sampler thread's next `add`: copying
+        the rings is one memcpy each (an hour of 8 GPUs: 17 rings of 28 KiB)."""
+        twin = SeriesStore(self.capacity)
+        twin._times = array("d", self._times)
+        twin._values = {key: array("d", ring) for key, ring in self._values.items()}
+        twin._next, twin._count = self._next, self._count
+        return twin
+
     def _slots(self) -> range:
         """Slot positions oldest first, as offsets from the oldest."""
         return range(self._count)

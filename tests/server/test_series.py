@@ -66,6 +66,19 @@ def test_memory_is_fixed_the_oldest_readings_go_first_and_no_object_is_kept_per_
     assert series["points"] == MAX_POINTS and series["readings"] == 60
 
 
+def test_a_snapshot_keeps_the_readings_of_its_time_while_the_store_goes_on():
+    store = SeriesStore(4)
+    for t in range(3):
+        store.add(reading(1000.0 + t, 10.0, used_gib=1))
+    snapshot = store.copy()
+    for t in range(3, 8):  # past the capacity: the store's oldest slots are overwritten
+        store.add(reading(1000.0 + t, 90.0, used_gib=1))
+    old = snapshot.downsample(window=3.0, points=3, now=1002.0)
+    assert old["readings"] == 3 and old["devices"][0]["utilization"]["max"] == [None, 10.0, 10.0]
+    assert snapshot.span() == 2.0
+    assert store.downsample(window=3.0, points=3, now=1007.0)["devices"][0]["utilization"]["min"] == [90.0] * 3
+
+
 def test_a_store_must_keep_something():
     with pytest.raises(ValueError, match="at least 1 reading"):
         SeriesStore(0)
