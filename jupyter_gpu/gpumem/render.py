@@ -55,7 +55,6 @@ def _shorten(text: str, width: int) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
-
 def _plural(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
