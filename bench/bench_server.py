@@ -73,6 +73,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import WebSocketError, websocket_connect
+
 from jupyter_gpu.metrics.backends.base import BACKEND_ENV
 from jupyter_gpu.metrics.backends.select import select_backend
 from jupyter_gpu.server.config import JupyterGpu
@@ -98,19 +101,29 @@ class Kind:
     status: str
     incremental: bool  # polls with ?since=
     args: tuple[str, ...]
+    stream: str | None = None  # the WebSocket its clients listen on instead of polling
+
+
+OURS_ARGS = (f"--JupyterGpu.interval={INTERVAL_S:g}", "--ServerApp.jpserver_extensions={'gc_probe_ext': True}")
 
 
 # Extensions named on the command line are added to those the install's config enables (jupyter_gpu among them).
 KINDS: tuple[Kind, ...] = (
     Kind("ours", "jupyter-gpu: one sampler thread, pre-encoded JSON", "/jupyter-gpu/api/metrics",
-         "/jupyter-gpu/api/status", True,
-         (f"--JupyterGpu.interval={INTERVAL_S:g}", "--ServerApp.jpserver_extensions={'gc_probe_ext': True}")),
+         "/jupyter-gpu/api/status", True, OURS_ARGS),
     Kind("per-client", "nvdashboard's design: a backend read per client tick, on the event loop",
          f"/{PREFIX}/metrics", f"/{PREFIX}/status", False,
          ("--ServerApp.jpserver_extensions="
           "{'per_client_sampling_ext': True, 'jupyter_gpu': False, 'gc_probe_ext': True}",)),
 )
+PUSHED = Kind("ours-push", "jupyter-gpu's push stream: each reading sent once to every open WebSocket, as the "
+              "side panel listens", "/jupyter-gpu/api/metrics", "/jupyter-gpu/api/status", True, OURS_ARGS,
+              stream="/jupyter-gpu/api/metrics/stream")
 MODES = ("staggered", "burst")
+PUSH = "push"  # the push stream's shape: clients connect over the first second, the server sends every reading
+# A client parses a reply this long after stamping it: fifty clients share this process's one thread, and a
+# parse on it would delay the stamps of the replies still arriving (each browser tab parses in its own process).
+PARSE_AFTER_S = 0.25
 
 
 # -- the backend's own cost, in this process -----------------------------------------------------------------
@@ -349,7 +362,8 @@ async def poll(conn: Connection, path: str, kind: Kind, tick: int, first: bool, 
     if status != 200:
         load.errors[f"HTTP {status}"] += 1
         return None
-    # Parsed as the panel would; after the clock stopped, so the parse is not counted as latency.
+    # Parsed as the panel would, but later: not on the clock of the replies still arriving.
+    await asyncio.sleep(PARSE_AFTER_S)
     try:
         data = json.loads(body)
         latest = data if not kind.incremental else data["latest"]
@@ -363,6 +377,57 @@ async def poll(conn: Connection, path: str, kind: Kind, tick: int, first: bool, 
     if kind.incremental and not first:
         load.history_samples.append(history)
     return stamp
+
+
+async def listener(server: Server, start: float, ticks: int, load: Load) -> None:
+    """One panel on the push stream: connects at `start`, then takes every frame the server sends for `ticks`
+    periods. A frame's latency is from the reading (the sampler's timestamp) to its arrival here, wall clock: the
+    two processes share the machine's clock."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, start - loop.time()))
+    assert server.kind.stream is not None
+    request = HTTPRequest(f"ws://127.0.0.1:{server.port}{server.kind.stream}",
+                          headers={"Authorization": f"token {server.token}"}, connect_timeout=REQUEST_TIMEOUT_S,
+                          request_timeout=REQUEST_TIMEOUT_S)
+    opened = time.perf_counter()
+    try:
+        conn = await websocket_connect(request)
+    except (OSError, HTTPClientError, WebSocketError) as exc:
+        load.errors[type(exc).__name__] += 1
+        return
+    stop = loop.call_at(start + ticks * INTERVAL_S, conn.close)  # read_message() then returns None
+    parses: list[asyncio.Task[None]] = []
+    try:
+        while (message := await conn.read_message()) is not None:
+            arrived, arrived_perf = time.time(), time.perf_counter()
+            parses.append(asyncio.create_task(frame(message, arrived, arrived_perf, opened, not parses, load)))
+    finally:
+        stop.cancel()
+        conn.close()
+    await asyncio.gather(*parses)
+    if conn.close_code not in (None, 1000, 1005):  # 1005: closed by this client, no status
+        load.errors[f"closed {conn.close_code}"] += 1
+
+
+async def frame(message: str | bytes, arrived: float, arrived_perf: float, opened: float, first: bool,
+                load: Load) -> None:
+    """One pushed frame, recorded later (see PARSE_AFTER_S)."""
+    await asyncio.sleep(PARSE_AFTER_S)
+    try:
+        data = json.loads(message)
+        stamp = float(data["latest"]["timestamp"])
+        history = len(data["history"])
+    except (ValueError, KeyError, TypeError):
+        load.errors["bad reply"] += 1
+        return
+    if first:  # everything kept so far, from connecting to having it
+        load.first_latencies.append(arrived_perf - opened)
+        load.first_bytes.append(len(message))
+        return
+    load.latencies.append(arrived - stamp)
+    load.reply_bytes.append(len(message))
+    load.history_samples.append(history)
+    load.issued.setdefault(round(stamp * 1e3), []).append(arrived_perf)  # one reading's arrivals, for its spread
 
 
 # -- one run: a fresh server, an idle window, then the load --------------------------------------------------
@@ -446,9 +511,10 @@ async def measure(server: Server, run: Run, clients: int, seconds: float, idle_s
 
     ticks = max(2, round(seconds / INTERVAL_S))
     t0 = loop.time() + 0.05  # every client is created before the first is due
-    offsets = [rng.random() * INTERVAL_S if run.mode == "staggered" else 0.0 for _ in range(clients)]
+    offsets = [rng.random() * INTERVAL_S if run.mode in ("staggered", PUSH) else 0.0 for _ in range(clients)]
     load = Load()
-    tasks = [asyncio.create_task(client(Connection(server.port, server.token), server.kind, t0 + offset, ticks, load))
+    tasks = [asyncio.create_task(listener(server, t0 + offset, ticks, load) if server.kind.stream else
+                                 client(Connection(server.port, server.token), server.kind, t0 + offset, ticks, load))
              for offset in offsets]
     wall0, cpu0, loop0, client0 = time.time(), cpu_seconds(pid), cpu_seconds(pid, pid), time.process_time()
     busy0 = machine_busy_seconds()
@@ -494,7 +560,7 @@ def merge(into: Load, new: Load, offset: int) -> None:
 
 def run_all(args: argparse.Namespace) -> dict[tuple[str, str], Run]:
     modes = [mode for mode in MODES if mode != "burst" or not args.no_burst]
-    pairs = [(mode, kind) for mode in modes for kind in KINDS]
+    pairs = [(mode, kind) for mode in modes for kind in KINDS] + ([] if args.no_push else [(PUSH, PUSHED)])
     runs = {(mode, kind.name): Run(mode, kind) for mode, kind in pairs}
     rng = random.Random(args.seed)
     seconds = args.seconds / args.rounds
@@ -550,8 +616,9 @@ def figures(run: Run) -> dict[str, Any]:
         "backend_reads_per_s": run.reads / run.wall,
         "sampler_threads": {when: values for when, values in run.sampler_threads.items()},
         "os_threads": {when: values for when, values in run.os_threads.items()},
-        "burst_spread_ms_median": 1e3 * statistics.median(spreads) if spreads and run.mode == "burst" else None,
-        "burst_spread_ms_max": 1e3 * max(spreads) if spreads and run.mode == "burst" else None,
+        # burst: the spread of a tick's request writes; push: of a reading's arrivals at the clients
+        "burst_spread_ms_median": 1e3 * statistics.median(spreads) if spreads and run.mode != "staggered" else None,
+        "burst_spread_ms_max": 1e3 * max(spreads) if spreads and run.mode != "staggered" else None,
         "load_seconds": run.wall,
         "gc_collections": run.gc_collections,
         "gc_pause_ms": run.gc_pause_ms,
@@ -586,10 +653,14 @@ def report(runs: dict[tuple[str, str], Run], args: argparse.Namespace, cost: Bac
           f"carries about {full / 1e6:.1f} MB, {args.clients} of them {args.clients * full / 1e6:.0f} MB")
     print("staggered: each client's first poll drawn uniformly over the first second "
           f"(seed {args.seed}), then its own 1 s grid; burst: all fire at the same instant each second")
-    print("latency: every poll after a client's first (the full-history first poll is reported apart); "
+    print("latency: every poll after a client's first, from writing the request to having the reply (the "
+          "full-history first poll is reported apart); push: every frame after a client's first, from the reading "
+          "(the sampler's timestamp) to having it, which is at least what a poll's figure is; "
           "CPU: % of one core over the load window; others' CPU: the rest of the machine meanwhile")
     for kind in KINDS:
         print(f"{kind.name}: {kind.label}, GET {kind.metrics}")
+    if not args.no_push:
+        print(f"{PUSHED.name}: {PUSHED.label}, WebSocket {PUSHED.stream}, clients connecting over the first second")
     print()
     print("| shape | server | polls | errors | p50 ms | p90 ms | p99 ms | max ms | req/s | server CPU | event loop "
           "| idle CPU | CPU/poll | reply B | first reply B | reads/s | sampler threads before/during/after "
@@ -608,7 +679,10 @@ def report(runs: dict[tuple[str, str], Run], args: argparse.Namespace, cost: Bac
         extra = []
         if f["history_samples_per_poll"] is not None:
             extra.append(f"{f['history_samples_per_poll']:.2f} history samples per poll")
-        if f["burst_spread_ms_median"] is not None:
+        if f["burst_spread_ms_median"] is not None and mode == PUSH:
+            extra.append(f"the {args.clients} frames of a reading arrived over {f['burst_spread_ms_median']:.2f} ms "
+                         f"(median reading), {f['burst_spread_ms_max']:.2f} ms at most")
+        elif f["burst_spread_ms_median"] is not None:
             extra.append(f"the {args.clients} writes of a tick spread over {f['burst_spread_ms_median']:.2f} ms "
                          f"(median tick), {f['burst_spread_ms_max']:.2f} ms at most")
         extra.append(f"server GC during the load: {'/'.join(map(str, f['gc_collections']))} collections of "
@@ -619,6 +693,7 @@ def report(runs: dict[tuple[str, str], Run], args: argparse.Namespace, cost: Bac
         print(f"{mode} {name}: first poll p50 {f['first_poll_p50_ms']:.2f} ms, max {f['first_poll_max_ms']:.2f} ms"
               + "".join(f"; {text}" for text in extra))
     ratios = ratio_table(rows)
+    push_note(rows)
     gc_note(rows, args.clients)
     return {
         "config": {"clients": args.clients, "seconds": args.seconds, "rounds": args.rounds,
@@ -638,13 +713,24 @@ def ratio_table(rows: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[s
           "| backend reads/s ours vs per-client |")
     print("|---|--:|--:|--:|--:|")
     ratios = {}
-    for mode in dict.fromkeys(mode for mode, _ in rows):
+    for mode in dict.fromkeys(mode for mode, _ in rows if mode != PUSH):
         ours, base = rows[(mode, "ours")], rows[(mode, "per-client")]
         ratios[mode] = {key: ours[key] / base[key] for key in ("p50_ms", "p99_ms", "server_cpu_pct")}
         print(f"| {mode} | {ratios[mode]['p50_ms']:.2f} | {ratios[mode]['p99_ms']:.2f} "
               f"| {ratios[mode]['server_cpu_pct']:.2f} "
               f"| {ours['backend_reads_per_s']:.2f} vs {base['backend_reads_per_s']:.2f} |")
     return ratios
+
+
+def push_note(rows: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """The panel's own transport against polling the same server in a burst (all fifty at the same instant)."""
+    push, burst = rows.get((PUSH, PUSHED.name)), rows.get(("burst", "ours"))
+    if push is None or burst is None:
+        return
+    print(f"\npush against a burst of polls, ours: p99 {push['p99_ms']:.2f} ms from the reading to every client "
+          f"against {burst['p99_ms']:.2f} ms from request to reply ({push['p99_ms'] / burst['p99_ms']:.2f}x), "
+          f"server CPU {push['server_cpu_pct']:.1f}% against {burst['server_cpu_pct']:.1f}% "
+          f"({push['server_cpu_pct'] / burst['server_cpu_pct']:.2f}x)")
 
 
 def gc_note(rows: dict[tuple[str, str], dict[str, Any]], clients: int) -> None:
@@ -663,10 +749,10 @@ def check(runs: dict[tuple[str, str], Run]) -> list[str]:
     """What must hold whatever the figures: ours runs one sampler thread reading once a second; no errors."""
     problems = []
     for (mode, name), run in runs.items():
-        if name == "ours" and any(v != 1 for values in run.sampler_threads.values() for v in values):
+        if name.startswith("ours") and any(v != 1 for values in run.sampler_threads.values() for v in values):
             problems.append(f"{mode}/ours: sampler_threads {run.sampler_threads}, not 1")
         rate = run.reads / run.wall
-        if name == "ours" and not 0.9 <= rate * INTERVAL_S <= 1.1:
+        if name.startswith("ours") and not 0.9 <= rate * INTERVAL_S <= 1.1:
             problems.append(f"{mode}/ours: {rate:.2f} backend reads/s, not one per interval")
         if run.load.errors:
             problems.append(f"{mode}/{name}: errors {dict(run.load.errors)}")
@@ -680,6 +766,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds the seconds are split over")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle window before each load")
     parser.add_argument("--no-burst", action="store_true", help="only the staggered shape")
+    parser.add_argument("--no-push", action="store_true", help="leave out the push stream's run")
     parser.add_argument("--seed", type=int, default=1, help="for the staggered start times")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 10 s of load, 3 s idle")

@@ -23,6 +23,7 @@ from jupyter_gpu.server.config import JupyterGpu
 from jupyter_gpu.server.handlers import setup_handlers
 from jupyter_gpu.server.kernels import BusyTracker, snapshot_kernels
 from jupyter_gpu.server.monitor import GpuMonitor
+from jupyter_gpu.server.stream import MetricsStream
 
 # How long shutdown waits for a sampler still starting (a first nvmlInit can be slow) before closing it anyway.
 _START_JOIN_S = 5.0
@@ -33,11 +34,14 @@ class RunningExtension:
     """What one server's extension started, so `stop()` can end all of it."""
 
     monitor: GpuMonitor
+    stream: MetricsStream
     refresh: PeriodicCallback
     starting: threading.Thread
 
     def stop(self) -> None:
-        """Stop the kernel-list callback, then the monitor's lease: the last one stops the thread and NVML."""
+        """Close the push stream's sockets, stop the kernel-list callback, then the monitor's lease: the last one
+        stops the thread and NVML."""
+        self.stream.shut()
         self.refresh.stop()
         self.starting.join(_START_JOIN_S)
         self.monitor.close()
@@ -50,7 +54,7 @@ def load_server_extension(server_app: Any) -> RunningExtension:
     hub = hub_for_spec(spec, history=config.history)
     monitor = GpuMonitor(hub, interval=config.interval, history=config.history,
                          series_seconds=config.history_seconds)
-    setup_handlers(server_app.web_app, monitor)
+    stream = setup_handlers(server_app.web_app, monitor)
     tracker = BusyTracker()
 
     async def refresh_kernels() -> None:
@@ -65,7 +69,7 @@ def load_server_extension(server_app: Any) -> RunningExtension:
         IOLoop.current().add_callback(freeze_startup_objects, server_app.log)
     refresh = PeriodicCallback(refresh_kernels, config.interval * 1000)
     refresh.start()
-    running = RunningExtension(monitor, refresh, monitor.start_in_background())
+    running = RunningExtension(monitor, stream, refresh, monitor.start_in_background())
     server_app.log.info("jupyter-gpu: GPU panel API at %sjupyter-gpu/api/metrics (backend %s)",
                         server_app.web_app.settings["base_url"], spec or "nvml")
     return running

@@ -1,4 +1,5 @@
-"""The server extension's HTTP endpoints; every one requires Jupyter's authentication (403 without it).
+"""The server extension's HTTP endpoints and its push stream; every one requires Jupyter's authentication (403
+without it).
 
 They only read what the monitor has already computed, so they never wait on NVML.
 """
@@ -16,6 +17,7 @@ from jupyter_server.utils import url_path_join
 from jupyter_gpu.server.monitor import GpuMonitor
 from jupyter_gpu.server.prometheus import CONTENT_TYPE
 from jupyter_gpu.server.series import MAX_POINTS
+from jupyter_gpu.server.stream import STREAM_SETTING, MetricsStream, MetricsStreamHandler
 
 MONITOR_SETTING = "jupyter_gpu_monitor"
 GZIP_FROM_BYTES = 64 * 1024
@@ -101,15 +103,20 @@ class PrometheusHandler(_MonitorHandler):
         self.finish(self.monitor.prometheus_text(), set_content_type=CONTENT_TYPE)
 
 
-ROUTES: tuple[tuple[tuple[str, ...], type[_MonitorHandler]], ...] = (
+ROUTES: tuple[tuple[tuple[str, ...], type[_MonitorHandler | MetricsStreamHandler]], ...] = (
     (("jupyter-gpu", "api", "metrics"), MetricsHandler),
+    (("jupyter-gpu", "api", "metrics", "stream"), MetricsStreamHandler),
     (("jupyter-gpu", "api", "status"), StatusHandler),
     (("jupyter-gpu", "api", "series"), SeriesHandler),
     (("jupyter-gpu", "metrics"), PrometheusHandler),
 )
 
 
-def setup_handlers(web_app: Any, monitor: GpuMonitor) -> None:
+def setup_handlers(web_app: Any, monitor: GpuMonitor) -> MetricsStream:
+    """Add the routes; returns the push stream, which the extension shuts at server stop."""
+    stream = MetricsStream(monitor)
     web_app.settings[MONITOR_SETTING] = monitor
+    web_app.settings[STREAM_SETTING] = stream
     base_url = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [(url_path_join(base_url, *parts), handler) for parts, handler in ROUTES])
+    return stream

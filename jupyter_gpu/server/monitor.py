@@ -89,6 +89,8 @@ class GpuMonitor:
         self._lease: Lease | None = None
         self._start_error: str | None = None
         self._closed = False
+        # Called on the sampler thread after each reading is kept (the push stream hands it to the event loop).
+        self._listeners: list[Callable[[], None]] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -139,6 +141,19 @@ class GpuMonitor:
             self._history.append((sample.timestamp, encoded))
             self._series.add(sample)
             self.view = view
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:  # a listener's bug must not stop the readings
+                logger.exception("jupyter-gpu: a reading listener failed.")
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` on the sampler thread after every reading (it must only hand the news on, quickly)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     # -- what the handlers send ----------------------------------------------------------------------
 
@@ -148,6 +163,11 @@ class GpuMonitor:
         `history` holds the samples after `since` (all kept ones without it), oldest first, up to but not
         including `latest`: the full series is `history + [latest]`, and a poll carries each sample once.
         """
+        return self.metrics_reply(since)[0]
+
+    def metrics_reply(self, since: float | None = None) -> tuple[str, float | None]:
+        """`metrics_json(since)` and the timestamp of the newest reading in it (None before the first), read
+        together under the lock: the push stream's next message starts from exactly that reading."""
         with self._lock:
             view = self.view
             kept = self._history
@@ -159,6 +179,7 @@ class GpuMonitor:
                     start -= 1
             history = [encoded for _, encoded in itertools.islice(kept, start, max(len(kept) - 1, 0))]
             latest = kept[-1][1] if kept else "null"
+            newest = kept[-1][0] if kept else None
         sample = view.sample
         head = json.dumps({
             "api_version": API_VERSION,
@@ -169,7 +190,7 @@ class GpuMonitor:
             "error": self._start_error,
         })
         return (f'{head[:-1]}, "latest": {latest}, "history": [{", ".join(history)}], '
-                f'"holders": {view.holders_json}, "alerts": {view.alerts_json}}}')
+                f'"holders": {view.holders_json}, "alerts": {view.alerts_json}}}'), newest
 
     def series_json(self, window: float, points: int) -> str:
         """The last `window` seconds of every GPU's utilisation and memory (% of total) in `points` buckets, each
