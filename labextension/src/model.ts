@@ -367,6 +367,25 @@ export function mergeHistory(kept: readonly Sample[], incoming: readonly Sample[
   return merged.length > cap ? merged.slice(merged.length - cap) : merged;
 }
 
+/**
+ * Several pushed frames as one reply: every reading they carry, in order, with the last frame's `latest`, holders,
+ * alerts and header (a frame is a poll's reply: `history` runs up to, not including, its `latest`).
+ */
+export function joinFrames(frames: readonly Metrics[]): Metrics {
+  if (frames.length === 0) {
+    throw new PayloadError('no frame to join');
+  }
+  const last = frames[frames.length - 1];
+  const history: Sample[] = [];
+  frames.forEach((frame, index) => {
+    history.push(...frame.history);
+    if (index < frames.length - 1 && frame.latest) {
+      history.push(frame.latest);
+    }
+  });
+  return { ...last, history };
+}
+
 /** Timestamp to send as `since` next time: the newest sample seen, or undefined for "everything". */
 export function sinceOf(history: readonly Sample[], latest: Sample | null): number | undefined {
   const stamps = history.map(s => s.timestamp);

@@ -1,6 +1,8 @@
 /**
- * The GPU side panel: a Lumino widget that polls the server extension while it is visible and draws
- * each GPU, who holds its memory, and the server's alerts.
+ * The GPU side panel: a Lumino widget that follows the server extension while it is visible and draws
+ * each GPU, who holds its memory, and the server's alerts. Each reading is pushed to it over the server's
+ * stream (stream.ts) as it is made; where the stream cannot open (an older server, a proxy without WebSockets)
+ * the panel polls instead, and it polls once to fill any gap when the stream closes.
  *
  * Every string that comes from the server (NVML names, process labels, notebook paths, messages) is put
  * in the page as text, through dom.ts (elements, text and attributes; never HTML). The parts it shows
@@ -37,6 +39,7 @@ import {
   windowSeconds,
   HISTORY_CAP,
   holderRows,
+  joinFrames,
   mergeHistory,
   Metrics,
   metricsAvailability,
@@ -51,6 +54,7 @@ import {
   Status,
   unavailableView
 } from './model';
+import { MetricsStream } from './stream';
 import { DeviceCard, HolderRowView } from './views';
 
 export const PANEL_ID = 'jupyter-gpu-panel';
@@ -62,6 +66,10 @@ export interface GpuPanelOptions {
 }
 
 const MAX_POLL_MS = 60000;
+/** After the stream fails (closed before its first frame, or within STREAM_MIN_LIFE_MS), the panel polls for this
+ * long before trying the stream again: a proxy that drops sockets must not cost a reconnection a second. */
+const STREAM_RETRY_MS = 60000;
+const STREAM_MIN_LIFE_MS = 5000;
 
 export class GpuPanel extends Widget {
   private readonly _api: GpuApi;
@@ -85,6 +93,9 @@ export class GpuPanel extends Widget {
   /** Bumped on show and hide: a reply to an older request is dropped. */
   private _generation = 0;
   private _needFull = true;
+  /** The push stream while the panel follows the server; null when it polls (or follows nothing). */
+  private _stream: MetricsStream | null = null;
+  private _streamFailedAt = -Infinity;
 
   // Fixed parts of the DOM, attached only when they have something to show.
   private readonly _top: HTMLDivElement;
@@ -206,7 +217,7 @@ export class GpuPanel extends Widget {
     return new DisposableDelegate(() => {
       this._watchers--;
       if (this._watchers === 0 && !this.isVisible) {
-        void this._poll.stop();
+        this._stopFollowing();
       }
     });
   }
@@ -220,6 +231,9 @@ export class GpuPanel extends Widget {
   set settings(value: PanelSettings) {
     const before = this._settings;
     this._settings = { ...value };
+    if (before.refreshInterval !== value.refreshInterval) {
+      this._closeStream(); // reopened with the new rate at the next tick
+    }
     const layout = (['showUtilization', 'showMemory', 'showPowerAndTemperature'] as const).some(
       k => before[k] !== value[k]
     );
@@ -237,13 +251,20 @@ export class GpuPanel extends Widget {
   refresh(): Promise<void> {
     this._generation++;
     this._needFull = true;
+    this._closeStream(); // reopened after the full reply, from its newest reading
     return this._poll.refresh();
+  }
+
+  /** How the panel follows the server now: `stream` (pushed) or `poll`. */
+  get transport(): 'stream' | 'poll' {
+    return this._stream?.isOpen ? 'stream' : 'poll';
   }
 
   dispose(): void {
     if (this.isDisposed) {
       return;
     }
+    this._closeStream();
     this._poll.dispose();
     super.dispose();
   }
@@ -265,16 +286,61 @@ export class GpuPanel extends Widget {
     super.onAfterHide(msg);
     this._generation++;
     if (this._watchers === 0) {
-      void this._poll.stop();
+      this._stopFollowing();
     }
   }
 
   protected onBeforeDetach(msg: Message): void {
     this._generation++;
     if (this._watchers === 0) {
-      void this._poll.stop();
+      this._stopFollowing();
     }
     super.onBeforeDetach(msg);
+  }
+
+  private _stopFollowing(): void {
+    this._closeStream();
+    void this._poll.stop();
+  }
+
+  private _closeStream(): void {
+    this._stream?.dispose();
+    this._stream = null;
+  }
+
+  /** Follow the server over its push stream from the newest reading the panel has (unless it failed lately). */
+  private _openStream(): void {
+    const following = this.isVisible || this._watchers > 0;
+    if (this._stream !== null || !following || Date.now() - this._streamFailedAt < STREAM_RETRY_MS) {
+      return;
+    }
+    const stream: MetricsStream = new MetricsStream({
+      settings: this._api.settings,
+      since: sinceOf(this._history, this._metrics?.latest ?? null),
+      every: this._settings.refreshInterval,
+      onFrame: () => {
+        if (this._stream === stream) {
+          void this._poll.refresh(); // draw it now, not at the next tick
+        }
+      },
+      onClose: delivered => {
+        if (this._stream !== stream) {
+          return;
+        }
+        this._stream = null;
+        if (!delivered || Date.now() - stream.createdAt < STREAM_MIN_LIFE_MS) {
+          this._streamFailedAt = Date.now();
+        }
+        void this._poll.refresh(); // one poll fills the gap; the stream opens again after it, or after the wait
+      }
+    });
+    this._stream = stream;
+  }
+
+  /** An open stream that has sent nothing for three of its periods (and 5 s) is treated as gone. */
+  private _streamStale(stream: MetricsStream): boolean {
+    const period = Math.max(this._settings.refreshInterval, this._metrics?.interval ?? 1);
+    return Date.now() - stream.lastFrameAt > 3000 * period + 5000;
   }
 
   private _frequency(serverInterval: number | null): IPoll.Frequency {
@@ -282,8 +348,55 @@ export class GpuPanel extends Widget {
     return { interval, backoff: true, max: Math.max(MAX_POLL_MS, interval) };
   }
 
-  /** One poll: new samples (all of them after a show), plus /status when there is no GPU to show. */
+  /**
+   * One tick: the frames the stream pushed since the last one or, without a stream, one poll of new samples (all of
+   * them after a show); plus /status when there is no GPU to show.
+   */
   private async _tick(): Promise<void> {
+    const stream = this._stream;
+    if (!this._needFull && stream !== null && stream.isOpen) {
+      if (!this._streamStale(stream)) {
+        return this._takeFrames(stream);
+      }
+      this._closeStream(); // silent for too long: poll, then open it again
+    }
+    await this._pollOnce();
+    this._openStream();
+  }
+
+  private async _takeFrames(stream: MetricsStream): Promise<void> {
+    const generation = this._generation;
+    const frames = stream.take();
+    if (frames.length === 0) {
+      if (await this._refreshSeries(generation)) {
+        this._render(); // a new window's series, asked for by a click
+      }
+      return;
+    }
+    let metrics: Metrics;
+    let status: Status | null = null;
+    try {
+      metrics = joinFrames(frames.map(parseMetrics));
+      if (metricsAvailability(metrics) !== 'ok') {
+        status = parseStatus(await this._api.status());
+      }
+    } catch (error) {
+      this._closeStream(); // what these frames carried comes back with the next poll
+      this._failed(error, generation);
+      throw error; // the poll backs off
+    }
+    await this._apply(metrics, status, false, generation);
+  }
+
+  private _failed(error: unknown, generation: number): void {
+    if (generation === this._generation && !this.isDisposed) {
+      this._error = errorText(error);
+      this._render();
+      this._changed.emit();
+    }
+  }
+
+  private async _pollOnce(): Promise<void> {
     const generation = this._generation;
     const full = this._needFull;
     const since = full ? undefined : sinceOf(this._history, this._metrics?.latest ?? null);
@@ -295,13 +408,13 @@ export class GpuPanel extends Widget {
         status = parseStatus(await this._api.status());
       }
     } catch (error) {
-      if (generation === this._generation && !this.isDisposed) {
-        this._error = errorText(error);
-        this._render();
-        this._changed.emit();
-      }
+      this._failed(error, generation);
       throw error; // the poll backs off
     }
+    await this._apply(metrics, status, full, generation);
+  }
+
+  private async _apply(metrics: Metrics, status: Status | null, full: boolean, generation: number): Promise<void> {
     if (generation !== this._generation || this.isDisposed) {
       return;
     }
@@ -318,21 +431,26 @@ export class GpuPanel extends Widget {
     this._changed.emit();
   }
 
-  /** For a long window: the server's series again once a bucket has passed (or at once, after a choice). */
-  private async _refreshSeries(generation: number): Promise<void> {
+  /**
+   * For a long window: the server's series again once a bucket has passed (or at once, after a choice). Says
+   * whether it fetched one.
+   */
+  private async _refreshSeries(generation: number): Promise<boolean> {
     const seconds = windowSeconds(this._window);
     if (seconds < SERIES_FROM_SECONDS || !this.isVisible) {
-      return;
+      return false;
     }
     const due = this._series === null ? 0 : this._seriesFetched + this._series.bucketSeconds * 1000;
     if (Date.now() < due) {
-      return;
+      return false;
     }
     const series = parseSeries(await this._api.series(seconds, SERIES_POINTS));
     if (generation === this._generation && windowSeconds(this._window) === seconds) {
       this._series = series;
       this._seriesFetched = Date.now();
+      return true;
     }
+    return false;
   }
 
   private _chooseWindow(name: WindowName): void {
@@ -357,6 +475,7 @@ export class GpuPanel extends Widget {
     const metrics = this._metrics;
     const failed = this._error !== null;
     this.node.setAttribute('data-state', panelState(metrics, this._status, failed));
+    this.node.setAttribute('data-transport', this.transport);
     const latest = metrics?.latest ?? null;
     if (latest) {
       setAttr(this.node, 'data-last-sample', String(latest.timestamp));

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 from lab_server import TOKEN, LabServer, chromium_path
@@ -25,12 +27,21 @@ def browser() -> Iterator[object]:
         chromium.close()
 
 
+STREAM = "/jupyter-gpu/api/metrics/stream"
+
+
 class LabPage:
-    """One JupyterLab tab, with every dialog (an `alert()` from injected markup included) recorded."""
+    """One JupyterLab tab, with every dialog (an `alert()` from injected markup included) recorded, every poll of
+    the metrics and every socket of the push stream.
+
+    `stream`: "real" (the panel's sockets reach the server), "refused" (each one is closed before the server
+    sees it, as a proxy without WebSockets does) or "proxied" (they reach the server through `self.stream_routes`,
+    which a test can close to drop a socket in the middle).
+    """
 
     PANEL = ".jp-GpuPanel"
 
-    def __init__(self, browser: object, server: LabServer) -> None:
+    def __init__(self, browser: object, server: LabServer, stream: str = "real") -> None:
         self.context = browser.new_context(viewport={"width": 1400, "height": 1000})  # type: ignore[attr-defined]
         self.page = self.context.new_page()
         self.dialogs: list[str] = []
@@ -39,13 +50,35 @@ class LabPage:
         self.metrics_urls: list[str] = []
         self.series_urls: list[str] = []
         self.page.on("request", self._count)
+        self.sockets: list[Socket] = []
+        self.page.on("websocket", self._socket)
+        self.stream_routes: list[object] = []
+        if stream == "refused":
+            self.page.route_web_socket(f"**{STREAM}**", lambda route: route.close())
+        elif stream == "proxied":
+            self.page.route_web_socket(f"**{STREAM}**", self._proxy)
         # ?reset: start from an empty workspace, not the layout an earlier test left on the server.
         self.page.goto(f"{server.base}lab?reset&token={TOKEN}")
         self.page.wait_for_selector("#jp-main-dock-panel", timeout=60_000)
 
+    def _proxy(self, route: object) -> None:
+        route.connect_to_server()  # type: ignore[attr-defined]
+        self.stream_routes.append(route)
+
+    def _socket(self, websocket: object) -> None:
+        if STREAM in websocket.url:  # type: ignore[attr-defined]
+            socket = Socket(websocket.url)  # type: ignore[attr-defined]
+            websocket.on("framereceived", lambda _frame: socket.frames.append(time.monotonic()))  # type: ignore[attr-defined]
+            websocket.on("close", lambda _ws: setattr(socket, "closed", True))  # type: ignore[attr-defined]
+            self.sockets.append(socket)
+
+    @property
+    def open_sockets(self) -> list[Socket]:
+        return [socket for socket in self.sockets if not socket.closed]
+
     def _count(self, request: object) -> None:
-        if "/jupyter-gpu/api/metrics" in request.url:  # type: ignore[attr-defined]
-            self.metrics_requests.append(__import__("time").monotonic())
+        if "/jupyter-gpu/api/metrics" in request.url and STREAM not in request.url:  # type: ignore[attr-defined]
+            self.metrics_requests.append(time.monotonic())
             self.metrics_urls.append(request.url)  # type: ignore[attr-defined]
         elif "/jupyter-gpu/api/series" in request.url:  # type: ignore[attr-defined]
             self.series_urls.append(request.url)  # type: ignore[attr-defined]
@@ -67,12 +100,21 @@ class LabPage:
         self.context.close()
 
 
+@dataclass
+class Socket:
+    """One push-stream socket the page opened: the monotonic times of the frames it received, and whether it closed."""
+
+    url: str
+    frames: list[float] = field(default_factory=list)
+    closed: bool = False
+
+
 @pytest.fixture
 def lab_page(browser: object):
     pages: list[LabPage] = []
 
-    def open_page(server: LabServer) -> LabPage:
-        page = LabPage(browser, server)
+    def open_page(server: LabServer, stream: str = "real") -> LabPage:
+        page = LabPage(browser, server, stream)
         pages.append(page)
         return page
 

@@ -124,28 +124,73 @@ def test_the_window_selector_shows_a_minute_ten_or_an_hour_of_min_mean_max_bucke
     assert lab.attribute(mig, "data-points") == "0"  # a MIG board: no line, never a line at 0
 
 
-def test_with_the_panel_hidden_the_status_bar_keeps_one_poll_that_asks_only_for_what_is_new(lab_a100, lab_page) -> None:
+def on_the_stream(lab) -> None:
+    wait_until(lab, lambda: lab.attribute(".jp-GpuPanel", "data-transport") == "stream", message="the push stream")
+
+
+def test_each_reading_is_pushed_to_the_panel_as_it_is_made_without_polling(lab_a100, lab_page) -> None:
     lab = lab_page(lab_a100)
     lab.open_panel()
-    wait_until(lab, lambda: len(lab.metrics_requests) >= 2, message="polling")
+    on_the_stream(lab)
+    polls = len(lab.metrics_requests)
+    shown = []
+    for _ in range(8):  # 4 s; the panel's default rate is a frame a second, the server reads every 0.5 s
+        lab.page.wait_for_timeout(500)
+        stamp = float(lab.attribute(".jp-GpuPanel", "data-last-sample") or 0)
+        age = lab.page.evaluate("Date.now() / 1000") - stamp
+        shown.append((stamp, age))
+    assert len(lab.metrics_requests) == polls, lab.metrics_urls[polls:]  # not one poll meanwhile
+    assert len({stamp for stamp, _ in shown}) >= 3, shown  # new readings kept coming
+    # Drawn as they come: never older than the panel's 1 s rate plus the server's 0.5 s between readings.
+    assert max(age for _, age in shown) < 2.0, shown
+    assert len(lab.open_sockets) == 1
+
+
+def test_with_the_panel_hidden_the_status_bar_keeps_the_one_stream_and_showing_it_asks_for_the_history_once(
+        lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100)
+    lab.open_panel()
+    on_the_stream(lab)
     lab.toggle_panel()
     lab.page.wait_for_timeout(500)
-    hidden_from = len(lab.metrics_requests)
+    hidden_from, sockets = len(lab.metrics_requests), len(lab.sockets)
+    frames = len(lab.open_sockets[0].frames)
     lab.page.wait_for_timeout(3000)
-    # The status bar shows the GPUs all the time, so the poll goes on (about once a second) for it alone, each
-    # request asking only for the readings after the last one it has: never the whole history again.
-    hidden = lab.metrics_urls[hidden_from:]
-    assert 1 <= len(hidden) <= 5, hidden
-    assert all("since=" in url for url in hidden), hidden
+    # The status bar shows the GPUs all the time, so the stream stays open for it alone: frames, and no poll.
+    assert len(lab.metrics_requests) == hidden_from and len(lab.sockets) == sockets
+    assert len(lab.open_sockets) == 1 and len(lab.open_sockets[0].frames) >= frames + 2
     lab.open_panel()
-    # Shown again: the whole history once (the charts draw it), then polls for what is new.
-    wait_until(lab, lambda: any("since=" not in url for url in lab.metrics_urls[hidden_from + len(hidden):]),
+    # Shown again: the whole history once (the charts draw it), then the stream again from its newest reading.
+    wait_until(lab, lambda: any("since=" not in url for url in lab.metrics_urls[hidden_from:]),
                message="the whole history asked for again")
+    on_the_stream(lab)
+    assert len(lab.metrics_requests) == hidden_from + 1 and len(lab.open_sockets) == 1
 
 
-def test_errors_are_shown_and_polling_backs_off_then_recovers(lab_a100, lab_page) -> None:
-    lab = lab_page(lab_a100)
+def test_a_dropped_stream_is_followed_by_one_poll_for_the_gap_and_a_new_stream(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100, stream="proxied")
     lab.open_panel()
+    on_the_stream(lab)
+    lab.page.wait_for_timeout(5500)  # a socket that lived under 5 s counts as refused (see panel.ts)
+    polls, (dropped,) = len(lab.metrics_requests), lab.open_sockets
+    lab.stream_routes[-1].close(code=1001, reason="going away")  # as the server does when it stops
+    wait_until(lab, lambda: len(lab.metrics_requests) > polls, message="a poll after the drop")
+    assert all("since=" in url for url in lab.metrics_urls[polls:])  # only the gap, not the whole history
+    wait_until(lab, lambda: len(lab.open_sockets) == 1 and lab.open_sockets[0] is not dropped, message="a new socket")
+    on_the_stream(lab)
+    before = float(lab.attribute(".jp-GpuPanel", "data-last-sample") or 0)
+    wait_until(lab, lambda: float(lab.attribute(".jp-GpuPanel", "data-last-sample") or 0) > before,
+               timeout=5.0, message="readings on the new socket")
+
+
+def test_where_the_stream_is_refused_the_panel_polls_and_its_errors_back_off_then_recover(lab_a100, lab_page) -> None:
+    lab = lab_page(lab_a100, stream="refused")
+    lab.open_panel()
+    start = len(lab.metrics_requests)
+    lab.page.wait_for_timeout(3000)
+    # A proxy without WebSockets: the panel polls instead, about once a second (its default rate), and says so.
+    assert 2 <= len(lab.metrics_requests) - start <= 5
+    assert lab.attribute(".jp-GpuPanel", "data-transport") == "poll" and lab.open_sockets == []
     start = len(lab.metrics_requests)
     lab.page.route("**/jupyter-gpu/api/metrics**", lambda route: route.fulfill(status=502, body="Bad Gateway"))
     lab.page.locator(".jp-GpuPanel-error").wait_for(timeout=10_000)
@@ -313,18 +358,22 @@ def test_red_when_a_gpu_is_lost(lab_lost, lab_page) -> None:
     wait_for_title(lab, "fell off the bus")
 
 
-def test_one_poll_feeds_the_status_bar_and_the_panel(lab_a100, lab_page) -> None:
+def test_one_stream_feeds_the_status_bar_and_the_panel(lab_a100, lab_page) -> None:
     lab = lab_page(lab_a100)
     wait_for_item(lab, r"GPU.*")
-    lab.page.wait_for_timeout(1000)  # past the first replies
-    start = len(lab.metrics_requests)
+    wait_until(lab, lambda: len(lab.open_sockets) == 1 and lab.open_sockets[0].frames, message="the stream")
+    start, socket = len(lab.metrics_requests), lab.open_sockets[0]
+    first = len(socket.frames)
     lab.page.wait_for_timeout(4000)
-    closed = len(lab.metrics_requests) - start
+    # The status bar alone: one socket, a frame a second (the panel's default rate), no poll.
+    assert len(lab.metrics_requests) == start and lab.open_sockets == [socket]
+    assert 2 <= len(socket.frames) - first <= 6, socket.frames
     lab.open_panel()
+    on_the_stream(lab)
     lab.page.wait_for_timeout(1000)
-    start = len(lab.metrics_requests)
+    start, (socket,) = len(lab.metrics_requests), lab.open_sockets
+    first = len(socket.frames)
     lab.page.wait_for_timeout(4000)
-    opened = len(lab.metrics_requests) - start
-    # The poll runs every second (the panel's default, slower than the server's 0.5 s): about 4 in 4 s either way,
-    # never two pollers (8).
-    assert 2 <= closed <= 6 and 2 <= opened <= 6, (closed, opened)
+    # The panel shown: still one socket (never two followers), no poll.
+    assert len(lab.metrics_requests) == start and lab.open_sockets == [socket]
+    assert 2 <= len(socket.frames) - first <= 6, socket.frames
