@@ -35,6 +35,7 @@ NOTEBOOK_OUTPUT_WAIT_SECONDS = 30
 # 0.2 s, a stuck start-up check's timeout 5.1 s for 0.6 s, `jupyter-gpu record` 2.8 s for 0.6 s.
 MOSTLY_WAITING = (
     "tests/e2e/browser/", "tests/server/test_real_prometheus.py", "tests/server/test_server_api.py",
+    "tests/server/test_stream.py",
     "tests/autoload/test_autoload_kernel.py", "example_notebooks/04_gpupanel.ipynb",
     "tests/magics/test_gpucells_magic.py", "tests/magics/test_gpucheck_activity.py", "tests/widgets/test_panel.py",
     "tests/autoload/test_startup_check.py", "tests/cli/test_record.py",

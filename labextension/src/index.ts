@@ -62,7 +62,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         open: () => app.shell.activateById(panel.id)
       });
       statusBar.registerStatusItem(STATUS_ITEM_ID, { item, align: 'left', rank: 50 });
-      // Another notebook in focus: its kernel's GPUs, at once rather than at the next poll.
+      // Another notebook in focus: its kernel's GPUs, at once rather than at the next reading.
       labShell?.currentChanged.connect(() => item.update());
     }
 

@@ -745,7 +745,7 @@ export interface StatusView {
 }
 
 /**
- * The status-bar item for the notebook in focus (`kernelId`, null when none is), from the same poll as the panel:
+ * The status-bar item for the notebook in focus (`kernelId`, null when none is), from the same reply as the panel:
  * its kernel's GPUs with their utilisation and the memory it holds out of their total; `GPU: none` with the reason
  * when it holds none; amber when it has held memory idle for `idleWarningSeconds` or a GPU it uses is nearly full;
  * red when a GPU is lost or cannot be read, or when every GPU is closed to it (another process holds it in

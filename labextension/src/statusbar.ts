@@ -1,7 +1,8 @@
 /**
  * The status-bar item: the GPUs of the notebook in focus at a glance (`GPU 4 · 41 % · 12.3 GiB / 80.0 GiB`),
  * `GPU: none` with the reason as its tooltip, amber for an idle kernel holding memory or a nearly full GPU, red for a
- * lost GPU. It makes no request of its own: it watches the side panel, so one poll feeds both. Clicking opens the panel.
+ * lost GPU. It makes no request of its own: it watches the side panel, so one stream (or poll) feeds both. Clicking
+ * opens the panel.
  */
 
 import type { IDisposable } from '@lumino/disposable';
@@ -40,7 +41,7 @@ export class GpuStatusItem extends Widget {
     this.update();
   }
 
-  /** Redraw from the panel's last reply (after each poll, and when another notebook comes into focus). */
+  /** Redraw from the panel's last reply (after each frame or poll, and when another notebook comes into focus). */
   update(): void {
     const panel = this._panel;
     const view = statusView(
