@@ -82,8 +82,8 @@ class MetricsStream:
         bodies: dict[float | None, tuple[str, float | None]] = {}
         for subscriber in list(self._subscribers.values()):
             interval = self.monitor.interval
-            if subscriber.every > interval and now - subscriber.sent_at < subscriber.every - 0.05 * interval:
-                continue  # not due yet (a reading a little early still counts as due)
+            if subscriber.every > interval and now - subscriber.sent_at < subscriber.every - 0.5 * interval:
+                continue  # not due yet; a reading up to half an interval early counts as due, so jitter never skips one
             if subscriber.writing is not None and not subscriber.writing.done():  # type: ignore[attr-defined]
                 self.skipped_stalled += 1
                 continue
