@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jupyter_gpu.gpuprofile.result import COPIES, DATA, GC, OTHER, PlanItem, ProfileResult, ReadyStep
+from jupyter_gpu.gpuprofile.result import COPIES, DATA, GC, OTHER, PlanItem, ProfileResult, ReadyStep, how_often
 from jupyter_gpu.units import format_seconds
 
 DATA_SHARE = 0.05
@@ -58,14 +58,14 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
             add(f"sync at {sync.where}: {sync.source}", sync.seconds,
                 f"edit {sync.where}: keep the value on the device (e.g. accumulate loss.detach()) and read it "
                 "every N steps",
-                f"{', '.join(sync.kinds)}, {sync.per_step:g} per step")
+                f"{', '.join(sync.kinds)}, {how_often(sync.per_step)}")
     copies = result.bucket(COPIES)
     if copies is not None and copies.share >= COPY_SHARE and result.copies is not None and (
             result.copies.pageable or result.copies.blocking):
         add("host→device copies", copies.seconds,
             "DataLoader(..., pin_memory=True) and .to(device, non_blocking=True)",
-            f"{result.copies.count:g} copies per step, {result.copies.pageable:g} from pageable memory, "
-            f"{result.copies.blocking:g} blocking")
+            f"{how_often(result.copies.count, 'copy', 'copies')}, {result.copies.pageable:.3g} from pageable memory, "
+            f"{result.copies.blocking:.3g} blocking")
     compute = _compute_seconds(result)
     if compute and result.flops and result.ceiling and result.ceiling.matmul_flops:
         at_ceiling = result.flops / result.ceiling.matmul_flops
@@ -105,7 +105,7 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         if not timed_syncs:
             items.append(PlanItem(cause=f"sync at {sync.where}: {sync.source}", seconds=0.0, ceiling=None,
                                   command=f"edit {sync.where}: keep the value on the device and read it every N steps",
-                                  detail=f"{', '.join(sync.kinds)}, {sync.per_step:g} per step; free on the CPU, "
+                                  detail=f"{', '.join(sync.kinds)}, {how_often(sync.per_step)}; free on the CPU, "
                                          "a wait for the GPU on CUDA"))
     return replace(result, plan=items)
 

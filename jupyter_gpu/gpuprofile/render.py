@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable
 from html import escape
 
-from jupyter_gpu.gpuprofile.result import DATA, SYNC, AppliedFixes, Bucket, ProfileResult, RunFigures
+from jupyter_gpu.gpuprofile.result import DATA, SYNC, AppliedFixes, Bucket, ProfileResult, RunFigures, how_often
 from jupyter_gpu.render_kit import rows_html, rows_text, table_text
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
 
@@ -37,7 +37,7 @@ def verdict_line(result: ProfileResult) -> str:
         lines = ", ".join(s.where for s in result.syncs[:3])
         share = f"{sync.share:.0%} in " if sync is not None and sync.share >= 0.01 else ""
         count = sum(s.per_step for s in result.syncs)
-        parts.append(f"{share}{count:g} sync{'s' if count != 1 else ''}/step ({lines})")
+        parts.append(f"{share}{how_often(count, 'sync')} ({lines})")
     if result.gpu_busy is not None:
         parts.append(f"GPU busy {result.gpu_busy:.0%}")
     if result.mfu is not None and result.ceiling is not None:
@@ -98,8 +98,8 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
                                      f"kernels per step, median {format_seconds(timeline.median_kernel)}"))
     if result.copies is not None:
         c = result.copies
-        rows.append(("host→device", f"{c.count:g} copies/step, {format_bytes(c.bytes)}/step, {c.pageable:g} from "
-                                    f"pageable memory, {c.blocking:g} blocking"))
+        rows.append(("host→device", f"{how_often(c.count, 'copy', 'copies')}, {format_bytes(c.bytes)}/step, "
+                                    f"{c.pageable:.3g} from pageable memory, {c.blocking:.3g} blocking"))
     if result.peak_memory is not None:
         rows.append(("peak memory", format_bytes(result.peak_memory)))
     if result.overhead_seconds is not None and result.seconds:
@@ -148,7 +148,7 @@ def render_text(result: ProfileResult) -> str:
     if result.syncs:
         lines += ["", "Syncs (the host read a tensor's value, so it waits for the device to catch up):"]
         for sync in result.syncs:
-            lines.append(f"  {sync.where} `{sync.source}`: {', '.join(sync.kinds)}, {sync.per_step:g} per step, "
+            lines.append(f"  {sync.where} `{sync.source}`: {', '.join(sync.kinds)}, {how_often(sync.per_step)}, "
                          f"{format_seconds(sync.seconds)}/step blocked")
     if result.plan:
         lines += ["", "What to fix first (time lost per step; the most that fixing it can buy):"]
@@ -249,7 +249,7 @@ def render_html(result: ProfileResult) -> str:
         parts.append(_table_html(_breakdown_rows(result)))
     if result.syncs:
         items = "".join(f"<li>{escape(s.where)} <code>{escape(s.source)}</code>: {escape(', '.join(s.kinds))}, "
-                        f"{s.per_step:g} per step, {escape(format_seconds(s.seconds))}/step blocked</li>"
+                        f"{how_often(s.per_step)}, {escape(format_seconds(s.seconds))}/step blocked</li>"
                         for s in result.syncs)
         parts.append(f"<div><b>Syncs</b></div><ul>{items}</ul>")
     if result.plan:

@@ -58,6 +58,18 @@ class Bucket:
         return {**asdict(self), "title": self.title}
 
 
+def how_often(per_step: float, noun: str = "", plural: str = "") -> str:
+    """A count per profiled step as a person says it: "2 syncs/step", "1 sync every 6 steps", "0.4 syncs/step" (a
+    read logged every 6th step, or a copy per batch with gradient accumulation, is a fraction per optimizer step)."""
+    many = plural or (noun + "s" if noun else "")
+    name = f" {noun if per_step == 1 else many}" if noun else ""
+    if 0 < per_step < 1:
+        every = 1 / per_step
+        if abs(every - round(every)) <= 0.05 * every:
+            return f"1{' ' + noun if noun else ''} every {round(every)} steps"
+    return f"{per_step:.3g}{name}{'/step' if noun else ' per step'}"
+
+
 @dataclass(frozen=True)
 class Sync:
     """A line of the user's code where the host read a tensor's value (and so waited for the device)."""

@@ -264,6 +264,18 @@ def test_the_verdict_line_says_step_time_data_wait_syncs_and_mfu() -> None:
     assert "MFU 4% of H200 bf16" in line  # 4e12 FLOPs / 0.1 s = 40 TFLOP/s of 989
 
 
+def test_a_read_logged_every_sixth_step_is_said_as_one_every_six_steps_not_a_fraction() -> None:
+    # `if step % 6 == 0: print(loss.item())`: 1/6 of a read per optimizer step.
+    logged = Sync("<ipython-input-3>", 16, 'print("loss", loss.item())', (".item()",), 1 / 6, 0.0007)
+    result = with_plan(profile(syncs=[logged]), loaders=[], total_memory=None)
+    assert "1 sync every 6 steps (line 16)" in verdict_line(result)
+    text, html = str(result), result._repr_html_()
+    assert ".item(), 1 every 6 steps" in text and ".item(), 1 every 6 steps" in html
+    assert "0.166" not in text + html
+    item = next(item for item in result.plan if item.cause.startswith("sync"))
+    assert "1 every 6 steps" in item.detail
+
+
 def test_mfu_is_against_the_datasheet_and_the_measured_ceiling_beside_it() -> None:
     result = profile()
     assert result.mfu == pytest.approx(40e12 / 989e12)
