@@ -19,9 +19,11 @@ from jupyter_gpu.gpuprofile.result import (
     OPTIMIZER,
     OTHER,
     SYNC,
+    AppliedFixes,
     Bucket,
     Ceiling,
     ProfileResult,
+    RunFigures,
     Sync,
     typical,
 )
@@ -347,3 +349,12 @@ def test_no_events_no_timeline() -> None:
 ])
 def test_a_sync_in_a_notebook_cell_is_named_by_its_line(file: str, where: str) -> None:
     assert Sync(file, 14, "x.item()", (".item()",), 1.0, 0.0).where == where
+
+
+def test_apply_shows_both_runs_mean_loss_with_the_same_decimals() -> None:
+    def run(losses: list[float]) -> RunFigures:
+        return RunFigures(0.003, 40_000.0, None, 0.24, None, 0.22, 0.0, losses)
+
+    applied = AppliedFixes(["bf16 autocast"], [], [], [], run([2.32, 2.32]), run([2.31, 2.30]))
+    row = next(line for line in str(replace(profile(), applied=applied)).splitlines() if "loss (mean" in line)
+    assert row.split()[-2:] == ["2.320", "2.305"]  # not "2.32" beside "2.305"
