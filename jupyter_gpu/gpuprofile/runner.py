@@ -84,6 +84,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
                               on_step=(lambda text: ticker.resume(f"%%gpuprofile: {text}")) if ticker else None)
     value: Any = None
     error: BaseException | None = None
+    places = {**namespace, **(also or {})}
+    iterators_before = _loader_iterators(torch, places)
     began = time.perf_counter()
     try:
         instruments.install()
@@ -97,6 +99,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
         error = exc
     finally:
         instruments.uninstall()
+        _stop_new_workers(torch, places, iterators_before)
         if ticker is not None:
             ticker.stop()
             progress("")  # type: ignore[misc]
@@ -152,6 +155,29 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
     applied = AppliedFixes(applied=fixes.titles, left_out=fixes.left_out, checked=fixes.checked, code=fixes.code,
                            before=before.figures(), after=after)
     return replace(before, applied=applied)
+
+
+def _loader_iterators(torch: Any, places: dict[str, Any]) -> dict[int, tuple[Any, Any]]:
+    """Each DataLoader in `places` with the iterator it keeps on itself (only one with persistent workers does)."""
+    loader_type = torch.utils.data.DataLoader
+    return {id(value): (value, getattr(value, "_iterator", None)) for value in places.values()
+            if isinstance(value, loader_type)}
+
+
+def _stop_new_workers(torch: Any, places: dict[str, Any], before: dict[int, tuple[Any, Any]]) -> None:
+    """Shut down the worker processes the profiled run left on a loader with `persistent_workers=True`.
+
+    Clearing the stopped loop's frames frees an ordinary iterator, and its workers with it; a persistent loader keeps
+    its iterator on itself, mid-epoch, with its workers alive. An iterator the loader had before the run is left (its
+    workers were there before; the next loop resets it, as after any epoch); one the run made is shut down and the
+    loader left without one, as before the run (its next loop starts new workers, as a fresh loader's does)."""
+    from jupyter_gpu.dataprobe.loaders import shut_down
+
+    for key, (loader, iterator) in _loader_iterators(torch, places).items():
+        previous = before.get(key, (loader, None))[1]
+        if iterator is not None and iterator is not previous:
+            shut_down(iterator)
+            loader._iterator = previous
 
 
 def _gpu_phase_seconds(torch: Any, instruments: Instruments) -> dict[tuple[int, str], float]:

@@ -321,6 +321,21 @@ def test_a_resnet_style_cnn_with_batchnorm_and_workers_leaves_no_worker_behind(i
     assert multiprocessing.active_children() == []  # the stopped loop's workers are shut down
 
 
+def test_a_loader_with_persistent_workers_keeps_none_of_the_workers_the_profile_started_and_loops_again(ip) -> None:
+    # persistent_workers=True keeps the iterator, and its worker processes, on the loader itself: clearing the
+    # stopped loop's frames does not free them.
+    ip.run_cell(CNN.replace("num_workers=2)", "num_workers=2, persistent_workers=True)")).raise_error()
+    ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor epoch in range(2):\n"
+                "    for images, labels in loader:\n        opt.zero_grad()\n"
+                "        nn.functional.cross_entropy(model(images), labels).backward()\n        opt.step()\n"
+                ).raise_error()
+    assert multiprocessing.active_children() == [] and ip.user_ns["loader"]._iterator is None
+    # The loader still works, as a fresh one: a whole epoch, every sample once, with its workers kept after it.
+    ip.run_cell("seen = sum(len(labels) for _, labels in loader)").raise_error()
+    assert ip.user_ns["seen"] == 256 and len(multiprocessing.active_children()) == 2
+    ip.run_cell("loader._iterator._shutdown_workers()").raise_error()
+
+
 def test_a_loop_through_a_progress_wrapper_is_lifted_at_the_users_for_line(ip) -> None:
     # tqdm is not installed here; a wrapping generator is what tqdm is to the loop: the batches come through it.
     ip.run_cell(MLP).raise_error()
