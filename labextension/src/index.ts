@@ -55,16 +55,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
       palette.addItem({ command: CommandIDs.open, category: 'GPU' });
     }
 
+    const item = new GpuStatusItem({
+      panel,
+      currentKernel: () => currentKernelId(app),
+      open: () => app.shell.activateById(panel.id)
+    });
     if (statusBar) {
-      const item = new GpuStatusItem({
-        panel,
-        currentKernel: () => currentKernelId(app),
-        open: () => app.shell.activateById(panel.id)
-      });
       statusBar.registerStatusItem(STATUS_ITEM_ID, { item, align: 'left', rank: 50 });
-      // Another notebook in focus: its kernel's GPUs, at once rather than at the next reading.
-      labShell?.currentChanged.connect(() => item.update());
+    } else {
+      // Notebook 7 has no status bar: the item goes in its top bar, beside the kernel's logo, on every page.
+      item.addClass('jp-GpuStatus-top');
+      app.shell.add(item, 'top', { rank: 1000 });
     }
+    // Another notebook in focus: its kernel's GPUs, at once rather than at the next reading.
+    labShell?.currentChanged.connect(() => item.update());
 
     if (registry) {
       registry

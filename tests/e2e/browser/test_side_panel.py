@@ -290,6 +290,25 @@ def wait_for_title(lab, fragment: str, timeout: float = 30.0) -> str:
     raise AssertionError(f"the status bar's tooltip is {title!r}, without {fragment!r}")
 
 
+def test_in_notebook_7_the_item_sits_in_the_top_bar_of_its_pages_and_a_click_opens_the_panel(
+        lab_a100, lab_page) -> None:
+    # Notebook 7 (the `notebook` package, served by the same server) has no status bar: the item goes in its top bar.
+    session = lab_a100.new_notebook("nb7/train.ipynb")
+    lab_a100.hold_memory(lab_a100.kernel_pid(session["kernel"]["id"]), "2GiB", device=3)
+    lab = lab_page(lab_a100)
+    lab.page.goto(f"{lab_a100.base}tree?token={TOKEN}")
+    wait_for_item(lab, "GPU: none")
+    wait_for_title(lab, "No notebook is in focus.\nThis server has 8 GPUs.")
+    assert lab.page.locator(f"#top-panel {ITEM}").count() == 1
+    lab.page.goto(f"{lab_a100.base}notebooks/nb7/train.ipynb?token={TOKEN}")
+    wait_for_item(lab, r"GPU 3 · \d+ % · 2\.0 GiB / 80\.0 GiB")
+    assert lab.page.locator(f"#top-panel {ITEM}").count() == 1 and not lab.page.locator(".jp-GpuPanel").is_visible()
+    lab.page.locator(ITEM).click()
+    lab.page.wait_for_selector('.jp-GpuPanel[data-state="ok"]', state="visible", timeout=30_000)
+    on_the_stream(lab)
+    assert any("nb7/train.ipynb" in text for text in lab.texts(".jp-GpuPanel-holders tbody tr"))
+
+
 def test_the_notebook_in_focus_shows_its_gpu_busy_share_and_memory_and_a_click_opens_the_panel(
         lab_a100, lab_page) -> None:
     session = lab_a100.new_notebook("status/train.ipynb")
