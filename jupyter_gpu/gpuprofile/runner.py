@@ -100,6 +100,9 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     finally:
         instruments.uninstall()
         _stop_new_workers(torch, places, iterators_before)
+        # A cell that raised is re-raised with a traceback that keeps this frame: it must not keep a copy of the
+        # namespace, or every tensor the user deletes afterwards would stay alive through it.
+        del places, iterators_before
         if ticker is not None:
             ticker.stop()
             progress("")  # type: ignore[misc]

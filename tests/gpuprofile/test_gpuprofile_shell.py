@@ -254,6 +254,18 @@ def test_a_cell_that_raises_shows_the_partial_profile_puts_state_back_and_re_rai
     assert same_state(before, ip.user_ns)
 
 
+def test_after_a_cell_that_raised_a_tensor_the_user_deletes_is_freed(ip) -> None:
+    # The error is re-raised with its traceback, which IPython keeps (sys.last_traceback): the profile's frames in it
+    # must not hold the notebook's variables.
+    ip.run_cell(MLP + "import weakref\nbig = torch.zeros(1 << 20)\ngone = weakref.ref(big)\n").raise_error()
+    run = ip.run_cell("%%gpuprofile -q\nfor i, (x, y) in enumerate(loader):\n    opt.zero_grad()\n"
+                      "    loss_fn(model(x), y).backward()\n    opt.step()\n"
+                      "    if i == 3:\n        raise ValueError('diverged')\n")
+    assert isinstance(run.error_in_exec, ValueError)
+    ip.run_cell("del big\nimport gc\ngc.collect()").raise_error()
+    assert ip.user_ns["gone"]() is None
+
+
 def test_keep_keeps_what_the_steps_did(ip) -> None:
     ip.run_cell(MLP).raise_error()
     before = state_of(ip.user_ns)
