@@ -7,6 +7,7 @@ schedulers, GradScaler, random generators, the global flags) is put back bitwise
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 import traceback
@@ -54,7 +55,12 @@ def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_ST
     request = ProfileRequest(steps=None if seconds is not None else steps, warmup=warmup, seconds=seconds, keep=keep)
     where = namespace if namespace is not None else getattr(fn, "__globals__", {})
     arguments = {f"argument {i}": value for i, value in enumerate(args)} | dict(kwargs)
-    profiled = profile_run(lambda: fn(*args, **kwargs), request, namespace=where, also=arguments)
+    # As at profile_run's end: the raised error's traceback keeps this frame, so it must not keep the arguments.
+    call = [functools.partial(fn, *args, **kwargs)]
+    del args, kwargs
+    profiled = profile_run(lambda: call[0](), request, namespace=where, also=arguments)
+    call.clear()
+    del arguments
     if profiled.error is not None:
         raise profiled.error
     return profiled.result
@@ -100,9 +106,6 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     finally:
         instruments.uninstall()
         _stop_new_workers(torch, places, iterators_before)
-        # A cell that raised is re-raised with a traceback that keeps this frame: it must not keep a copy of the
-        # namespace, or every tensor the user deletes afterwards would stay alive through it.
-        del places, iterators_before
         if ticker is not None:
             ticker.stop()
             progress("")  # type: ignore[misc]
@@ -123,7 +126,13 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
                             "what existed before the cell is put back).")
     if request.apply and error is None and not request.keep:
         result = _apply(torch, run, request, namespace, loop_source, progress, result, loaders)
-    return Profiled(result=result, value=value, error=error, defined=defined)
+    profiled = Profiled(result=result, value=value, error=error, defined=defined)
+    # After a cell that raised, this frame outlives the call: the cell's frames in the re-raised traceback point back
+    # to it (`f_back`), and IPython keeps that traceback until the next error. So nothing of the run may be left in
+    # it (the state snapshot is a copy of the model and optimizer; the instruments keep the last batch): a user who
+    # deletes the model to free the GPU must free it.
+    del objects, snapshot, instruments, used, places, iterators_before, value, error
+    return profiled
 
 
 def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespace: dict[str, Any],

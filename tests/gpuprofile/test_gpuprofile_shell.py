@@ -6,6 +6,7 @@ lines, the FLOPs, the ready steps working, and everything the cell changed put b
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import time
 
@@ -254,16 +255,18 @@ def test_a_cell_that_raises_shows_the_partial_profile_puts_state_back_and_re_rai
     assert same_state(before, ip.user_ns)
 
 
-def test_after_a_cell_that_raised_a_tensor_the_user_deletes_is_freed(ip) -> None:
+def test_after_a_cell_that_raised_the_model_and_tensors_the_user_deletes_are_freed(ip) -> None:
     # The error is re-raised with its traceback, which IPython keeps (sys.last_traceback): the profile's frames in it
-    # must not hold the notebook's variables.
-    ip.run_cell(MLP + "import weakref\nbig = torch.zeros(1 << 20)\ngone = weakref.ref(big)\n").raise_error()
+    # must hold neither the notebook's variables nor the state snapshot (a copy of the model and optimizer).
+    ip.run_cell(MLP + "import weakref\nbig = torch.zeros(1 << 20)\n"
+                "gone = [weakref.ref(big), weakref.ref(model), weakref.ref(next(model.parameters()))]\n").raise_error()
     run = ip.run_cell("%%gpuprofile -q\nfor i, (x, y) in enumerate(loader):\n    opt.zero_grad()\n"
                       "    loss_fn(model(x), y).backward()\n    opt.step()\n"
                       "    if i == 3:\n        raise ValueError('diverged')\n")
     assert isinstance(run.error_in_exec, ValueError)
-    ip.run_cell("del big\nimport gc\ngc.collect()").raise_error()
-    assert ip.user_ns["gone"]() is None
+    assert ip.run_cell("import sys\nsys.last_value").result is run.error_in_exec  # IPython keeps it, as it does
+    ip.run_cell("del big, model, opt, scheduler\nimport gc\ngc.collect()").raise_error()
+    assert [ref() for ref in ip.user_ns["gone"]] == [None, None, None]
 
 
 def test_keep_keeps_what_the_steps_did(ip) -> None:
@@ -463,3 +466,23 @@ def test_objects_the_cell_makes_itself_keep_their_steps_and_the_report_says_so(i
                          "sgd = torch.optim.SGD(net.parameters(), lr=0.1)\nfor x, y in loader:\n"
                          "    sgd.zero_grad()\n    loss_fn(net(x), y).backward()\n    sgd.step()\n").result
     assert any(note.startswith("net, sgd: made by the cell itself") for note in result.notes), result.notes
+
+
+def test_profile_training_raises_the_functions_error_and_keeps_none_of_the_training_state() -> None:
+    import weakref
+
+    from jupyter_gpu.gpuprofile.runner import profile_training
+
+    # A script's module: the function reads the model from its globals (its own frame holds nothing of it).
+    script = {"torch": torch, "model": torch.nn.Linear(64, 4)}
+    script["opt"] = torch.optim.SGD(script["model"].parameters(), lr=0.1)
+    exec("def train_epoch():\n    for step in range(20):\n        opt.zero_grad()\n"
+         "        model(torch.ones(8, 64)).sum().backward()\n        opt.step()\n"
+         "        if step == 2:\n            raise ValueError('diverged')\n", script)
+    gone = weakref.ref(script["model"])
+    with pytest.raises(ValueError, match="diverged") as raised:
+        profile_training(script["train_epoch"], steps=5, warmup=1)
+    kept = raised.value  # a script that keeps the error, as IPython keeps the last one
+    del script["model"], script["opt"], raised
+    gc.collect()
+    assert gone() is None and str(kept) == "diverged"
