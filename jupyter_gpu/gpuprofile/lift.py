@@ -4,9 +4,10 @@
 The loop is the innermost `for` whose `next()` the profile saw yield DataLoader batches. Its body becomes
 `profile_step(batch)` (one batch, as the loader yields it); `profile_train_step()` runs one optimizer step on the
 last batch the loop saw (`profile_batch`), as many batches as the loop accumulated gradients over; and
-`profile_sized_step(batch_size)` does the same on that batch resized. Where the body cannot be lifted (a
-`break`, a `return`, names that are a function's own variables, no source), the reason is given with the
-few-line wrapper to fill in. Pure Python: the code is built with `ast` and defined by the caller.
+`profile_sized_step(batch_size)` does the same on that batch resized; the body returns its loss (the name it calls
+`backward()` on), and so do both. Where the body cannot be lifted (a `break`, a `return`, names that are a
+function's own variables, no source), the reason is given with the few-line wrapper to fill in. Pure Python: the
+code is built with `ast` and defined by the caller.
 """
 
 from __future__ import annotations
@@ -120,6 +121,29 @@ def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
     return {name for name, ctx in first.items() if isinstance(ctx, ast.Load) and name in stored}
 
 
+def _loss_name(body: list[ast.stmt]) -> str | None:
+    """The variable the body calls backward on (`loss.backward()`, `(loss / accum).backward()`,
+    `scaler.scale(loss).backward()`), when a statement at the body's top level assigns it: the lifted step returns it,
+    so %speedprobe compares the loss as well as the update. None when there is no such single name."""
+    names: set[str] = set()
+    for node in (n for statement in body for n in ast.walk(statement)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+            receiver = node.func.value
+            if isinstance(receiver, ast.Call) and len(receiver.args) == 1:  # scaler.scale(loss)
+                receiver = receiver.args[0]
+            if isinstance(receiver, ast.BinOp):  # loss / accumulation_steps
+                receiver = receiver.left
+            if isinstance(receiver, ast.Name):
+                names.add(receiver.id)
+    if len(names) != 1:
+        return None
+    (name,) = names
+    assigned = {target.id for statement in body if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                for target in (statement.targets if isinstance(statement, ast.Assign) else [statement.target])
+                if isinstance(target, ast.Name)}
+    return name if name in assigned else None
+
+
 def _augmented(nodes: list[ast.stmt]) -> set[str]:
     return {n.target.id for tree in nodes for n in ast.walk(tree)
             if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
@@ -180,6 +204,9 @@ def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namesp
         calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
         body.extend(calls)
     body.extend(loop.body)
+    loss = _loss_name(loop.body)
+    if loss is not None:
+        body.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load())))
     function = ast.FunctionDef(
         name=DATA_STEP, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=parameter)], kwonlyargs=[],
                                            kw_defaults=[], defaults=[]),
@@ -193,18 +220,22 @@ def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namesp
 
 def _lifted(loader: str, line: int, accumulation: int, data_code: str, counter: str | None
             ) -> tuple[list[ReadyStep], list[str]]:
+    # Both return what the body returned for the step's last batch: its loss (None when it has no single loss).
     repeat = f"for _ in range({accumulation}):  # batches per optimizer step in the loop\n        " \
         if accumulation > 1 else ""
     train_code = (f"def {TRAIN_STEP}():\n"
-                  f"    \"\"\"One optimizer step of the loop at line {line} on {BATCH}, the last batch it saw.\"\"\"\n"
+                  f"    \"\"\"One optimizer step of the loop at line {line} on {BATCH}, the last batch it saw; returns "
+                  f"its loss.\"\"\"\n"
                   f"    {DATA_STEP}.calls = 0\n"
-                  f"    {repeat}{DATA_STEP}({BATCH})\n")
+                  f"    {repeat}loss = {DATA_STEP}({BATCH})\n"
+                  f"    return loss\n")
     sized_code = (f"def {SIZED_STEP}(batch_size):\n"
                   f"    \"\"\"{TRAIN_STEP} on {BATCH} resized to batch_size samples.\"\"\"\n"
                   f"    from jupyter_gpu.gpuprofile.batches import resize_batch\n"
                   f"    batch = resize_batch({BATCH}, batch_size)\n"
                   f"    {DATA_STEP}.calls = 0\n"
-                  f"    {repeat}{DATA_STEP}(batch)\n")
+                  f"    {repeat}loss = {DATA_STEP}(batch)\n"
+                  f"    return loss\n")
     steps = [ReadyStep("%dataprobe", DATA_STEP, f"%dataprobe {loader} --step {DATA_STEP}", data_code),
              ReadyStep("%speedprobe", TRAIN_STEP, f"%speedprobe {TRAIN_STEP}", train_code),
              ReadyStep("%batchprobe", SIZED_STEP, f"%batchprobe {SIZED_STEP}", sized_code)]

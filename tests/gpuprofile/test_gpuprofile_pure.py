@@ -177,6 +177,21 @@ def test_gradient_accumulation_makes_one_train_step_one_optimizer_step() -> None
     assert callable(namespace["profile_step"])
 
 
+@pytest.mark.parametrize(("backward", "returned"), [
+    ("loss.backward()", "loss"),
+    ("(loss / 4).backward()", "loss"),
+    ("scaler.scale(loss).backward()", "loss"),
+    ("model(x).sum().backward()", None),           # no variable holds the loss: nothing to return
+])
+def test_the_lifted_step_returns_the_loss_it_calls_backward_on(backward: str, returned: str | None) -> None:
+    text = f"for x in loader:\n    loss = model(x).sum()\n    {backward}\n    opt.step()\n"
+    steps, _ = lift_from(text, 1, {"model": 1, "opt": 1, "loader": 1, "scaler": 1})
+    function = ast.parse(steps[0].code).body[0]
+    last = function.body[-1]
+    assert (last.value.id if isinstance(last, ast.Return) else None) == returned
+    assert "return loss" in steps[1].code and "return loss" in steps[2].code  # None when the body returned none
+
+
 def test_dict_batches_keep_the_loop_target_as_the_parameter() -> None:
     text = """for batch in loader:
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"])

@@ -92,8 +92,10 @@ def test_the_ready_steps_run_one_batch_one_optimizer_step_and_a_resized_batch(ip
     steps = []
     handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
     try:
-        ip.run_cell("profile_train_step()").raise_error()
+        returned = ip.run_cell("profile_train_step()").result
         assert len(steps) == 1
+        # It returns the step's loss, so %speedprobe compares the loss as well as the update.
+        assert isinstance(returned, torch.Tensor) and returned.ndim == 0 and returned.grad_fn is not None
         ip.run_cell("profile_sized_step(40)").raise_error()
         assert len(steps) == 2
         ip.run_cell("profile_step(next(iter(loader)))").raise_error()
