@@ -187,6 +187,27 @@ def test_the_stream_is_refused_without_or_with_a_wrong_token(lab_a100, token: st
     assert frame["latest"] is not None
 
 
+def test_a_page_of_another_origin_cannot_open_the_stream_with_the_users_login_cookie(lab_a100) -> None:
+    # A browser sends the login cookie with any page's WebSocket: the server's origin check is what stops another
+    # site from reading the user's GPUs (token-authenticated clients are not browsers, so they are not checked).
+    login = lab_a100.request("jupyter-gpu/api/status")
+    cookie = login.headers["Set-Cookie"].split(";", 1)[0]
+    url = lab_a100.base.replace("http://", "ws://", 1) + STREAM + "?" + NEWEST_ONLY
+    own_origin = lab_a100.base.split("/user/")[0]
+
+    async def scenario() -> tuple[int, dict[str, Any]]:
+        with pytest.raises(HTTPClientError) as refused:
+            await websocket_connect(HTTPRequest(url, headers={"Cookie": cookie, "Origin": "http://evil.example"}))
+        conn = await websocket_connect(HTTPRequest(url, headers={"Cookie": cookie, "Origin": own_origin}))
+        try:
+            return refused.value.code, await next_frame(conn)
+        finally:
+            conn.close()
+
+    code, frame = asyncio.run(scenario())
+    assert code == 403 and frame["latest"] is not None
+
+
 @pytest.mark.parametrize(("query", "words"), [("since=yesterday", "'since' must be a Unix time in seconds"),
                                                ("since=nan", "'since' must be a Unix time in seconds"),
                                                ("every=soon", "'every' must be a number of seconds"),
