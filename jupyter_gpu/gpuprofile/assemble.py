@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from jupyter_gpu.gpuprofile import lift, plan
-from jupyter_gpu.gpuprofile.instrument import ONE_RUN, Instruments, ProfilePlan, loaders_seen
+from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan, loaders_seen
 from jupyter_gpu.gpuprofile.kernels import analyse
 from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
 from jupyter_gpu.gpuprofile.request import ProfileRequest
@@ -20,6 +20,7 @@ from jupyter_gpu.gpuprofile.result import (
     BUCKETS,
     DATA,
     FORWARD,
+    ONE_RUN,
     OPTIMIZER,
     Bucket,
     Ceiling,
@@ -131,7 +132,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     compute = _compute_format(torch, device, totals.flops_by_dtype if totals is not None else {})
     if totals is None and profiled:
         not_measured.append("FLOPs and operators: the cell stopped before the extra step they are counted on.")
-    ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds))
+    # A cell that stopped before its first step has nothing to compare with a ceiling or to lift.
+    ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds)) if step_seconds else None
     timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)
     operators, memory_share = _operators(totals, ceiling)
     if not device.startswith("cuda"):
@@ -146,7 +148,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     overhead = _overhead(torch, profiled)
     loaders = loaders_seen(namespace, instruments.samplers, torch.utils.data.DataLoader)
     ready, defined = lift.ready_steps(loop_source, instruments.loop_sites, namespace, loaders,
-                                      accumulation=_accumulation(instruments), batch=instruments.last_batch)
+                                      accumulation=_accumulation(instruments),
+                                      batch=instruments.last_batch) if step_seconds else ([], [])
     _define(ready, namespace, instruments.last_batch if defined else None)
     result = ProfileResult(
         device=device, device_name=_device_name(torch, device), counted=instruments.mode or ONE_RUN,

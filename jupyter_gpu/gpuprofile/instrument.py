@@ -35,11 +35,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.gpuprofile.kernels import GpuEvent
-from jupyter_gpu.gpuprofile.result import BACKWARD, COPIES, DATA, FORWARD, GC, OPTIMIZER, SYNC
+from jupyter_gpu.gpuprofile.result import (
+    BACKWARD,
+    BATCHES,
+    COPIES,
+    DATA,
+    FORWARD,
+    GC,
+    ONE_RUN,
+    OPTIMIZER,
+    OPTIMIZER_STEPS,
+    SYNC,
+)
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 
-OPTIMIZER_STEPS, BATCHES, ONE_RUN = "optimizer steps", "DataLoader batches", "one run of the cell"
 TIMELINE_STEPS = 3  # steps under torch.profiler for the kernel timeline (CUDA only), after the counted step
 
 

@@ -12,7 +12,16 @@ import statistics
 from collections.abc import Callable
 from html import escape
 
-from jupyter_gpu.gpuprofile.result import DATA, SYNC, AppliedFixes, Bucket, ProfileResult, RunFigures, how_often
+from jupyter_gpu.gpuprofile.result import (
+    DATA,
+    ONE_RUN,
+    SYNC,
+    AppliedFixes,
+    Bucket,
+    ProfileResult,
+    RunFigures,
+    how_often,
+)
 from jupyter_gpu.render_kit import rows_html, rows_text, table_text
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
 
@@ -57,9 +66,16 @@ def _device_word(result: ProfileResult) -> str:
     return "GPU" if result.device.startswith("cuda") else "CPU"
 
 
+def _counted(result: ProfileResult) -> str:
+    if not result.step_seconds:
+        return "nothing: the cell stopped before its first step"
+    if result.counted == ONE_RUN:
+        return "the cell's one run (no DataLoader batches or optimizer steps to count)"
+    return f"{result.steps} profiled {result.counted} after {len(result.warmup_seconds)} warm-up"
+
+
 def _facts(result: ProfileResult) -> list[tuple[str, str]]:
-    rows = [("device", f"{result.device} ({result.device_name})"),
-            ("counted", f"{result.steps} profiled {result.counted} after {len(result.warmup_seconds)} warm-up")]
+    rows = [("device", f"{result.device} ({result.device_name})"), ("counted", _counted(result))]
     if result.warmup_seconds and result.seconds:
         extra = sum(result.warmup_seconds) - len(result.warmup_seconds) * result.seconds
         rows.append(("one-time costs", f"{format_seconds(max(extra, 0.0))} in the warm-up steps (first step "
@@ -141,6 +157,8 @@ def render_text(result: ProfileResult) -> str:
         lines.append(f"  the cell raised {result.error}; its traceback follows")
     lines += [f"  {note}" for note in result.notes]
     lines += rows_text(_facts(result))
+    if not result.step_seconds:
+        return "\n".join(lines)  # nothing ran: no breakdown, plan or ready steps to show
     if result.breakdown:
         lines += ["", "Where each step goes (a typical step: the mean of the middle half of the profiled steps; "
                       "the buckets add up to it):"]
@@ -250,6 +268,8 @@ def render_html(result: ProfileResult) -> str:
         parts.append(f"<div>the cell raised <code>{escape(result.error)}</code>; its traceback follows</div>")
     parts += [f"<div>{escape(note)}</div>" for note in result.notes]
     parts.append(rows_html(_facts(result)))
+    if not result.step_seconds:
+        return "\n".join(parts)  # nothing ran: no breakdown, plan or ready steps to show
     if result.breakdown:
         parts.append("<div><b>Where each step goes</b> (a typical step: the mean of the middle half of the "
                      "profiled steps)</div>")

@@ -12,6 +12,9 @@ from typing import Any, ClassVar
 from jupyter_gpu.gpuprofile.kernels import GpuTimeline
 from jupyter_gpu.models import RichResult
 
+# What a profile counts as its steps (`ProfileResult.counted`).
+OPTIMIZER_STEPS, BATCHES, ONE_RUN = "optimizer steps", "DataLoader batches", "one run of the cell"
+
 
 def middle_half(values: list[float]) -> list[int]:
     """Indices of the middle half of `values` by size (all of them below four values)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import re
 import time
 
 import pytest
@@ -224,6 +225,20 @@ def test_a_cell_without_a_loop_is_one_step(ip) -> None:
     result = ip.run_cell("%%gpuprofile -o -q\nout = model(torch.randn(64, 32))\n").result
     assert result.counted == "one run of the cell" and result.steps == 1
     assert result.bucket("forward").seconds > 0
+    assert re.search(r"counted +the cell's one run \(no DataLoader batches or optimizer steps to count\)", str(result))
+
+
+def test_a_cell_that_raises_before_its_first_step_gets_a_short_report_and_its_error(ip, capsys) -> None:
+    ip.run_cell(MLP).raise_error()
+    run = ip.run_cell("%%gpuprofile\nfor x, y in tqdm(loader):\n    loss_fn(model(x), y).backward()\n")
+    assert isinstance(run.error_in_exec, NameError)
+    shown = capsys.readouterr().out
+    assert "gpuprofile: no step was profiled (NameError: name 'tqdm' is not defined)" in shown
+    assert re.search(r"counted +nothing: the cell stopped before its first step", shown)
+    # Nothing ran, so nothing to rank, lift or compare with a ceiling: no wrappers to fill in, no matmul timed.
+    for absent in ("Ready steps", "define it first", "measured ceiling", "What to fix first", "profiled one run"):
+        assert absent not in shown
+    assert "profile_step" not in ip.user_ns
 
 
 def test_a_loop_with_a_break_is_profiled_and_says_why_its_step_is_not_lifted(ip) -> None:
