@@ -138,10 +138,20 @@ def _loss_name(body: list[ast.stmt]) -> str | None:
     if len(names) != 1:
         return None
     (name,) = names
-    assigned = {target.id for statement in body if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign))
-                for target in (statement.targets if isinstance(statement, ast.Assign) else [statement.target])
-                if isinstance(target, ast.Name)}
-    return name if name in assigned else None
+    return name if name in _always_assigned(body) else None
+
+
+def _always_assigned(body: list[ast.stmt]) -> set[str]:
+    """Names every run of `body` assigns: its top-level assignments and those inside `with` blocks
+    (`with torch.autocast(...): loss = ...`), not those under an `if` or in a loop that may not run."""
+    names: set[str] = set()
+    for statement in body:
+        if isinstance(statement, (ast.With, ast.AsyncWith)):
+            names |= _always_assigned(statement.body)
+        elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            names |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return names
 
 
 def _augmented(nodes: list[ast.stmt]) -> set[str]:

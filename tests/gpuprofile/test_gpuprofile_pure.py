@@ -192,6 +192,16 @@ def test_the_lifted_step_returns_the_loss_it_calls_backward_on(backward: str, re
     assert "return loss" in steps[1].code and "return loss" in steps[2].code  # None when the body returned none
 
 
+def test_a_loss_assigned_under_autocast_is_returned_and_one_assigned_under_an_if_is_not() -> None:
+    under_with = ("for x in loader:\n    with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+                  "        loss = model(x).sum() / 2\n    scaler.scale(loss).backward()\n")
+    under_if = "for x in loader:\n    if x.numel():\n        loss = model(x).sum()\n    loss.backward()\n"
+    namespace = {"model": 1, "loader": 1, "scaler": 1, "torch": 1}
+    returns = [ast.parse(lift_from(text, 1, namespace)[0][0].code).body[0].body[-1] for text in (under_with, under_if)]
+    assert isinstance(returns[0], ast.Return) and returns[0].value.id == "loss"
+    assert not isinstance(returns[1], ast.Return)  # it may not be assigned in every run of the body
+
+
 def test_dict_batches_keep_the_loop_target_as_the_parameter() -> None:
     text = """for batch in loader:
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"])
