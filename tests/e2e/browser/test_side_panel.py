@@ -215,6 +215,13 @@ def test_settings_choose_which_charts_show(lab_a100, lab_page) -> None:
         assert lab.page.locator('svg.jp-GpuPanel-chart[data-metric="utilization"]').count() == 8
         assert lab.page.locator('svg.jp-GpuPanel-chart[data-metric="memory"]').count() == 0
         assert lab.page.locator("table.jp-GpuPanel-holders").count() == 0
+        # The refresh interval is the stream's rate: the server sends a frame every 2 s, not every 0.5 s reading.
+        on_the_stream(lab)
+        (socket,) = lab.open_sockets
+        assert "every=2" in socket.url
+        first = len(socket.frames)
+        lab.page.wait_for_timeout(4500)
+        assert 1 <= len(socket.frames) - first <= 3, socket.frames
     finally:
         lab_a100.request("lab/api/settings/jupyter-gpu:plugin", method="PUT", body={"raw": "{}"})
 
