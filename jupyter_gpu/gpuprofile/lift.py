@@ -123,8 +123,8 @@ def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
 
 def _loss_name(body: list[ast.stmt]) -> str | None:
     """The variable the body calls backward on (`loss.backward()`, `(loss / accum).backward()`,
-    `scaler.scale(loss).backward()`), when a statement at the body's top level assigns it: the lifted step returns it,
-    so %speedprobe compares the loss as well as the update. None when there is no such single name."""
+    `scaler.scale(loss).backward()`), when every run of the body assigns it (`_always_assigned`): the lifted step
+    returns it, so %speedprobe compares the loss as well as the update. None when there is no such single name."""
     names: set[str] = set()
     for node in (n for statement in body for n in ast.walk(statement)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":

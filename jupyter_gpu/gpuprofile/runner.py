@@ -75,7 +75,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
         import torch
     except ImportError:
         raise GpuProfileError("%%gpuprofile needs PyTorch, and torch is not installed in this kernel.") from None
-    objects = find_training_objects({**namespace, **(also or {})})
+    places = {**namespace, **(also or {})}  # where the training objects and the loaders may be
+    objects = find_training_objects(places)
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
     snapshot = None if request.keep else StateSnapshot.take(objects)
@@ -90,7 +91,6 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
                               on_step=(lambda text: ticker.resume(f"%%gpuprofile: {text}")) if ticker else None)
     value: Any = None
     error: BaseException | None = None
-    places = {**namespace, **(also or {})}
     iterators_before = _loader_iterators(torch, places)
     began = time.perf_counter()
     try:

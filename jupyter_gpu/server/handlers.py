@@ -7,13 +7,13 @@ They only read what the monitor has already computed, so they never wait on NVML
 from __future__ import annotations
 
 import gzip
-import math
 from typing import Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from jupyter_gpu.server.arguments import number_argument
 from jupyter_gpu.server.monitor import GpuMonitor
 from jupyter_gpu.server.prometheus import CONTENT_TYPE
 from jupyter_gpu.server.series import MAX_POINTS
@@ -32,19 +32,6 @@ class _MonitorHandler(APIHandler):
     def monitor(self) -> GpuMonitor:
         return self.settings[MONITOR_SETTING]
 
-    def number_argument(self, name: str, what: str) -> float | None:
-        """The query argument `name` as a finite number, None when absent; anything else is a 400 saying `what`."""
-        text = self.get_argument(name, None)
-        if text is None:
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise tornado.web.HTTPError(400, f"'{name}' must be {what}, got {text!r}.")
-        return value
-
     def compute_etag(self) -> None:
         # Every reply is fresh (no-store, a new server_time): hashing megabytes of history for an ETag that
         # can never match is wasted work on the event loop.
@@ -54,7 +41,7 @@ class _MonitorHandler(APIHandler):
 class MetricsHandler(_MonitorHandler):
     @tornado.web.authenticated
     def get(self) -> None:
-        since = self.number_argument("since", "a Unix time in seconds")
+        since = number_argument(self, "since", "a Unix time in seconds")
         self.set_header("Cache-Control", "no-store")
         self.finish(self.compressed(self.monitor.metrics_json(since)))
 
@@ -75,8 +62,8 @@ class SeriesHandler(_MonitorHandler):
 
     @tornado.web.authenticated
     def get(self) -> None:
-        window = self.number_argument("window", "a number of seconds")
-        points = self.number_argument("points", "a number")
+        window = number_argument(self, "window", "a number of seconds")
+        points = number_argument(self, "points", "a number")
         window = self.monitor.series_seconds if window is None else window
         points = 300.0 if points is None else points
         if not 10 <= window <= self.monitor.series_seconds:

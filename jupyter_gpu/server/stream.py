@@ -25,9 +25,10 @@ from typing import Any
 
 from jupyter_server.auth.decorator import ws_authenticated
 from jupyter_server.base.handlers import JupyterHandler
-from tornado import web, websocket
+from tornado import websocket
 from tornado.ioloop import IOLoop
 
+from jupyter_gpu.server.arguments import number_argument
 from jupyter_gpu.server.monitor import GpuMonitor
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,10 @@ class MetricsStream:
         return len(self._subscribers)
 
     def _from_sampler(self) -> None:
-        # The sampler thread only hands the news to the loop: sockets are the loop's alone.
-        self._loop.add_callback(self.push)
+        # The sampler thread only hands the news to the loop: sockets are the loop's alone. With no socket open the
+        # loop is not woken at all (a socket opening meanwhile is sent everything at once by `open`).
+        if self._subscribers:
+            self._loop.add_callback(self.push)
 
     def open(self, handler: MetricsStreamHandler, since: float | None, every: float) -> None:
         """A new socket: everything after `since` at once, then each new reading."""
@@ -78,10 +81,9 @@ class MetricsStream:
 
     def push(self) -> None:
         """Send the newest reading to every socket that is due; one body per distinct `sent`, usually one in all."""
-        now = time.monotonic()
+        now, interval = time.monotonic(), self.monitor.interval
         bodies: dict[float | None, tuple[str, float | None]] = {}
         for subscriber in list(self._subscribers.values()):
-            interval = self.monitor.interval
             if subscriber.every > interval and now - subscriber.sent_at < subscriber.every - 0.5 * interval:
                 continue  # not due yet; a reading up to half an interval early counts as due, so jitter never skips one
             if subscriber.writing is not None and not subscriber.writing.done():  # type: ignore[attr-defined]
@@ -116,18 +118,6 @@ class MetricsStream:
 class MetricsStreamHandler(JupyterHandler, websocket.WebSocketHandler):
     """The push stream's WebSocket (see the module's docstring)."""
 
-    def _number(self, name: str, what: str) -> float | None:
-        text = self.get_argument(name, None)
-        if text is None:
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise web.HTTPError(400, f"'{name}' must be {what}, got {text!r}.")
-        return value
-
     async def prepare(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         # A 403 without authentication, as on the other routes: a socket cannot follow a redirect to the login page.
         await super().prepare(*args, _redirect_to_login=False, **kwargs)  # type: ignore[misc]
@@ -135,8 +125,8 @@ class MetricsStreamHandler(JupyterHandler, websocket.WebSocketHandler):
     @ws_authenticated
     async def get(self, *args: Any, **kwargs: Any) -> None:
         # Checked before the upgrade, so a bad query is an HTTP 400 with a sentence, as on the polling route.
-        self._since = self._number("since", "a Unix time in seconds")
-        self._every = self._number("every", "a number of seconds") or 0.0
+        self._since = number_argument(self, "since", "a Unix time in seconds")
+        self._every = number_argument(self, "every", "a number of seconds") or 0.0
         result = super().get(*args, **kwargs)
         if result is not None:
             await result
