@@ -31,6 +31,7 @@ from jupyter_gpu.gpuprofile.result import (
     middle_half,
 )
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.training_state import TrainingObjects
 
 TOP_OPERATORS = 10
 # The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the
@@ -160,12 +161,21 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         interrupted=isinstance(error, KeyboardInterrupt),
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
         gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
-        ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses])
+        ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses],
+        models=_models_called(instruments, used))
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):
         total_memory = int(torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory)
     result = plan.with_plan(result, loaders=loaders, total_memory=total_memory)
     return result, defined, loaders
+
+
+def _models_called(instruments: Instruments, used: TrainingObjects) -> list[str]:
+    """The notebook's names of the models the loop called, in the order it first called them; those with
+    parameters only (a loss module has nothing to compile)."""
+    modules = {id(module): module for module in used.modules if id(module) in used.labels}
+    return [used.labels[called] for called in instruments.called_modules
+            if called in modules and any(True for _ in modules[called].parameters())]
 
 
 def _define(ready: list[Any], namespace: dict[str, Any], batch: Any) -> None:

@@ -106,6 +106,7 @@ class Instruments:
         self._on_step = on_step
         self._main = threading.get_ident()
         self._forward_depth = 0
+        self.called_modules: dict[int, None] = {}  # ids of the outermost modules the loop called, in order
         self._in_read = 0
         self._undo: list[Callable[[], None]] = []
         self._library = _library_prefixes(torch)
@@ -321,6 +322,7 @@ class Instruments:
             return
         self.timeline.current.module_calls += 1
         if self._forward_depth == 0:
+            self.called_modules[id(module)] = None  # names the models in the plan's torch.compile line
             self._enter_phase(FORWARD)
         self._forward_depth += 1
 

@@ -34,6 +34,12 @@ def _command(result: ProfileResult, probe: str, fallback: str) -> str:
     return ready.command if ready is not None and ready.name is not None else fallback
 
 
+def compile_lines(models: list[str], mode: str | None = None) -> str:
+    """`G = torch.compile(G); D = torch.compile(D)`: one per model the loop called, by the notebook's names."""
+    argument = f', mode="{mode}"' if mode else ""
+    return "; ".join(f"{model} = torch.compile({model}{argument})" for model in models or ["model"])
+
+
 def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | None) -> ProfileResult:
     step = result.seconds
     if not step:
@@ -78,12 +84,12 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
                 "fused optimizers and torch.compile are measured by %speedprobe" if share is not None else "")
     if result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute:
         add("memory-bound operators (fusion candidates)", compute * result.memory_bound_share,
-            "model = torch.compile(model)  (or %speedprobe STEP --try compile)",
+            f"{compile_lines(result.models)}  (or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
             f"{result.memory_bound_share:.0%} of operator time in operators below the ridge point")
     timeline = result.gpu_timeline
     if timeline is not None and timeline.launch_bound:
         add("launch-bound: the GPU waits between many short kernels", timeline.host_wait + timeline.kernel_wait,
-            "model = torch.compile(model, mode=\"reduce-overhead\")  (fusion and CUDA graphs)",
+            f"{compile_lines(result.models, 'reduce-overhead')}  (fusion and CUDA graphs)",
             f"{timeline.kernels_per_step:.0f} kernels per step, median {format_seconds(timeline.median_kernel)}, "
             f"GPU busy {timeline.busy:.0%}")
     gc_bucket = result.bucket(GC)

@@ -261,6 +261,7 @@ class ProfileResult(RichResult):
     error: str | None = None                     # what the cell raised, as "Type: message"
     applied: AppliedFixes | None = None          # --apply's before and after
     losses: list[float] = field(default_factory=list)  # the loss at each profiled step
+    models: list[str] = field(default_factory=list)    # the notebook's names of the models the loop called
 
     @property
     def steps(self) -> int:

@@ -51,16 +51,44 @@ def title_of(names: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True)
+class OptimizerCode:
+    """How the user's code names one optimizer: its variable, its class, and what it was given to optimise."""
+
+    name: str = "opt"
+    class_path: str = "torch.optim.AdamW"
+    # "model.parameters()" where it optimises exactly one model's parameters in one group; None otherwise (parameter
+    # groups, a subset, several models), where the line keeps the user's own first argument.
+    parameters: str | None = "model.parameters()"
+    fused: bool = True  # it takes fused=True (else foreach=True is what helped)
+
+
+@dataclass(frozen=True)
 class CodeContext:
-    """What the lines to adopt refer to: the user's names for the model and optimizer, where the step runs."""
+    """What the lines to adopt refer to: the user's names for the models and optimizers, where the step runs."""
 
     device_type: str = "cuda"                # "cuda" or "cpu"
-    model: str = "model"
-    optimizer: str = "opt"
-    optimizer_class: str = "torch.optim.AdamW"
-    fused: bool = True                       # the optimizer takes fused=True (else foreach=True is what helped)
+    models: tuple[str, ...] = ("model",)     # the models with parameters, each changed by layout and compile lines
+    optimizers: tuple[OptimizerCode, ...] = (OptimizerCode(),)
     conv_tf32_line: str | None = None        # turns TF32 on for cuDNN convolutions, where it is off (on by default)
     unscale_before_clipping: bool = False    # the step clips gradients: with a GradScaler, unscale them first
+
+    @property
+    def model(self) -> str:
+        """The model the autocast example calls."""
+        return self.models[0] if self.models else "model"
+
+    @property
+    def fused(self) -> bool:
+        """Every optimizer takes fused=True."""
+        return all(optimizer.fused for optimizer in self.optimizers)
+
+
+def _optimizer_line(optimizer: OptimizerCode) -> str:
+    flag = "fused=True" if optimizer.fused else "foreach=True"
+    if optimizer.parameters is None:
+        return (f"{optimizer.name} = {optimizer.class_path}(..., {flag})  # your parameters and other arguments, "
+                "unchanged")
+    return f"{optimizer.name} = {optimizer.class_path}({optimizer.parameters}, {flag})  # keep your other arguments"
 
 
 def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
@@ -76,18 +104,16 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
     if "cudnn-benchmark" in chosen:
         lines.append("torch.backends.cudnn.benchmark = True")
     if "channels-last" in chosen:
-        lines += [f"{context.model} = {context.model}.to(memory_format=torch.channels_last)  # before creating the "
-                  "optimizer",
-                  "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step"]
+        lines += [f"{model} = {model}.to(memory_format=torch.channels_last)  # before creating the optimizer"
+                  for model in context.models]
+        lines.append("x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
     if "fused-optimizer" in chosen:
-        flag = "fused=True" if context.fused else "foreach=True"
-        lines.append(f"{context.optimizer} = {context.optimizer_class}({context.model}.parameters(), {flag})"
-                     "  # keep your other arguments")
+        lines += [_optimizer_line(optimizer) for optimizer in context.optimizers]
     # torch.compile(model), not model.compile(): on torch 2.13 the latter compiles nothing for an nn.Sequential.
     if "compile" in chosen:
-        lines.append(f"{context.model} = torch.compile({context.model})")
+        lines += [f"{model} = torch.compile({model})" for model in context.models]
     if "compile-reduce-overhead" in chosen:
-        lines.append(f'{context.model} = torch.compile({context.model}, mode="reduce-overhead")')
+        lines += [f'{model} = torch.compile({model}, mode="reduce-overhead")' for model in context.models]
     if "amp-bf16" in chosen:
         lines += [f'with torch.autocast("{device}", dtype=torch.bfloat16):  # in the step',
                   f"    loss = loss_fn({context.model}(x), y)  # forward and loss only; backward stays outside"]
@@ -97,9 +123,9 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
                   f"    loss = loss_fn({context.model}(x), y)",
                   "scaler.scale(loss).backward()"]
         if context.unscale_before_clipping:
-            lines += [f"scaler.unscale_({context.optimizer})  # before clipping: clip the real gradients, not the "
-                      "scaled ones",
-                      "# ... your gradient clipping, unchanged ..."]
-        lines += [f"scaler.step({context.optimizer})",
-                  "scaler.update()"]
+            lines += [f"scaler.unscale_({optimizer.name})  # before clipping: clip the real gradients, not the "
+                      "scaled ones" for optimizer in context.optimizers]
+            lines.append("# ... your gradient clipping, unchanged ...")
+        lines += [f"scaler.step({optimizer.name})" for optimizer in context.optimizers]
+        lines.append("scaler.update()")
     return lines

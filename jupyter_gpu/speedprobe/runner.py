@@ -20,8 +20,8 @@ from typing import Any
 
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
-from jupyter_gpu.speedprobe import decide
-from jupyter_gpu.speedprobe.catalog import BY_NAME, FP32, OPTION_NAMES, CodeContext, loosest_format
+from jupyter_gpu.speedprobe import decide, variants
+from jupyter_gpu.speedprobe.catalog import BY_NAME, FP32, OPTION_NAMES, CodeContext, OptimizerCode, loosest_format
 from jupyter_gpu.speedprobe.flags import GlobalFlags, conv_tf32_line
 from jupyter_gpu.speedprobe.measure import MIN_TIMED_STEPS, Run, StepRunner, relative_difference, update_scale
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
@@ -372,18 +372,33 @@ class _Probe:
 
     def _code_context(self) -> CodeContext:
         objects = self.setting.objects
-        model = objects.labels.get(id(objects.modules[0]), "model") if objects.modules else "model"
-        optimizer = objects.optimizers[0] if objects.optimizers else None
-        optimizer_name = objects.labels.get(id(optimizer), "opt") if optimizer is not None else "opt"
-        optimizer_class = _class_path(optimizer) if optimizer is not None else "torch.optim.AdamW"
-        fused = any(f"{type(optimizer).__name__}: fused=True" in note for _, _, run in self.single_runs
-                    if run is not None for note in run.notes)
+        notes = {note for _, _, run in self.single_runs if run is not None for note in run.notes}
+        # Each model with parameters gets its layout and compile line (a loss module has nothing to change).
+        models = [module for module in objects.modules if any(True for _ in module.parameters())]
+        model_names = tuple(objects.labels.get(id(module), "model") for module in models) or ("model",)
+        optimizers = tuple(
+            OptimizerCode(name=label, class_path=_class_path(optimizer),
+                          parameters=_parameters_expression(optimizer, models, objects.labels),
+                          fused=variants.optimizer_note(label, optimizer, "fused") in notes)
+            for optimizer in objects.optimizers
+            for label in [objects.labels.get(id(optimizer), "opt")]) or (OptimizerCode(),)
         conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
         clips = any(run is not None and run.scaling is not None and run.scaling.unscaled_for_clipping
                     for _, _, run in self.single_runs)
-        return CodeContext(device_type=self.setting.device_type, model=model, optimizer=optimizer_name,
-                           optimizer_class=optimizer_class, fused=fused, conv_tf32_line=conv_line,
-                           unscale_before_clipping=clips)
+        return CodeContext(device_type=self.setting.device_type, models=model_names, optimizers=optimizers,
+                           conv_tf32_line=conv_line, unscale_before_clipping=clips)
+
+
+def _parameters_expression(optimizer: Any, models: list[Any], labels: dict[int, str]) -> str | None:
+    """"model.parameters()" when the optimizer holds exactly that model's parameters in one group; None otherwise
+    (parameter groups, part of a model, several models), so the line keeps what the user wrote."""
+    if len(optimizer.param_groups) != 1:
+        return None
+    held = {id(param) for param in optimizer.param_groups[0]["params"]}
+    for module in models:
+        if {id(param) for param in module.parameters()} == held and id(module) in labels:
+            return f"{labels[id(module)]}.parameters()"
+    return None
 
 
 def _class_path(optimizer: Any) -> str:

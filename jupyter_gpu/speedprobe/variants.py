@@ -463,18 +463,26 @@ def _channels_last(applied: Applied) -> None:
                     state[key] = value.contiguous(memory_format=torch.channels_last)
 
 
+def optimizer_note(label: str, optimizer: Any, flag: str) -> str:
+    """The note saying which implementation an optimizer was switched to ("optD (Adam): fused=True"); the runner
+    reads it back to write each optimizer's line to adopt."""
+    return f"{label} ({type(optimizer).__name__}): {flag}=True"
+
+
 def _fused_optimizer(applied: Applied) -> None:
     torch = applied.setting.torch
+    labels = applied.setting.objects.labels
     for optimizer in applied.setting.objects.optimizers:
+        label = labels.get(id(optimizer), type(optimizer).__name__)
         if _fused_possible(torch, optimizer):
             for group in optimizer.param_groups:
                 group["fused"], group["foreach"] = True, False
             _move_steps_to_parameters(optimizer)
-            applied.notes.append(f"{type(optimizer).__name__}: fused=True")
+            applied.notes.append(optimizer_note(label, optimizer, "fused"))
         elif _takes(optimizer, "foreach") and not all(group.get("foreach") for group in optimizer.param_groups):
             for group in optimizer.param_groups:
                 group["foreach"] = True
-            applied.notes.append(f"{type(optimizer).__name__}: foreach=True")
+            applied.notes.append(optimizer_note(label, optimizer, "foreach"))
 
 
 def _move_steps_to_parameters(optimizer: Any) -> None:

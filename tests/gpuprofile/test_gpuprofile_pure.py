@@ -362,6 +362,22 @@ def test_many_short_kernels_with_an_idle_gpu_are_launch_bound_and_planned() -> N
     assert "reduce-overhead" in item.command and "200 kernels per step" in item.detail
 
 
+def test_the_compile_fixes_name_the_models_the_loop_called() -> None:
+    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+
+    events = [GpuEvent(i * 50e-6, i * 50e-6 + 5e-6, stream=7, launched=i * 50e-6 + 1e-6) for i in range(400)]
+    timeline = analyse(events, steps=2, window=(0.0, 0.02))
+    gan = profile(models=["G", "D"], memory_bound_share=0.5, gpu_timeline=timeline, gpu_busy=0.1)
+    commands = {item.cause: item.command for item in with_plan(gan, loaders=[], total_memory=None).plan}
+    assert commands["memory-bound operators (fusion candidates)"] == (
+        "G = torch.compile(G); D = torch.compile(D)  (or %speedprobe STEP --try compile)")
+    assert commands["launch-bound: the GPU waits between many short kernels"] == (
+        'G = torch.compile(G, mode="reduce-overhead"); D = torch.compile(D, mode="reduce-overhead")  '
+        "(fusion and CUDA graphs)")
+    unnamed = with_plan(profile(memory_bound_share=0.5), loaders=[], total_memory=None).plan
+    assert any(item.command.startswith("model = torch.compile(model)  (or") for item in unnamed)
+
+
 def test_no_events_no_timeline() -> None:
     from jupyter_gpu.gpuprofile.kernels import analyse
 

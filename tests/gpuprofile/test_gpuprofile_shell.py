@@ -503,3 +503,35 @@ def test_profile_training_raises_the_functions_error_and_keeps_none_of_the_train
     del script["model"], script["opt"], raised
     gc.collect()
     assert gone() is None and str(kept) == "diverged"
+
+
+def test_a_gan_loop_names_both_its_models_for_the_compile_line_not_its_loss_module(ip) -> None:
+    ip.run_cell("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(1024, 32)), batch_size=64, shuffle=True)
+bce = nn.BCEWithLogitsLoss()
+D = nn.Sequential(nn.Linear(32, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1))
+G = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32))
+unused = nn.Linear(4, 4)
+optG = torch.optim.Adam(G.parameters(), lr=2e-4)
+optD = torch.optim.Adam(D.parameters(), lr=2e-4)
+""").raise_error()
+    run = ip.run_cell("""%%gpuprofile -o -q --steps 3 --warmup 1
+for epoch in range(3):
+    for (x,) in loader:
+        fake = G(torch.randn(x.size(0), 16))
+        optD.zero_grad()
+        lossD = bce(D(x), torch.ones(x.size(0), 1)) + bce(D(fake.detach()), torch.zeros(x.size(0), 1))
+        lossD.backward()
+        optD.step()
+        optG.zero_grad()
+        lossG = bce(D(fake), torch.ones(x.size(0), 1))
+        lossG.backward()
+        optG.step()
+""")
+    run.raise_error()
+    assert run.result.models == ["G", "D"]  # in the order the loop called them; not bce, not the unused Linear
+    assert run.result.to_dict()["models"] == ["G", "D"]

@@ -278,3 +278,42 @@ def test_channels_last_with_a_fused_optimizer_after_training_agrees() -> None:
     assert relative_difference(both.update, baseline.update) < 1e-3
     assert all(trial.agrees for trial in result.options)
     assert_same_state(before, state_of(training))
+
+
+def test_the_code_to_adopt_names_every_optimizer_with_the_model_it_updates() -> None:
+    # A GAN's step: two models, two optimizers (one with parameter groups), and a loss module with no parameters.
+    torch.manual_seed(0)
+    generator = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+    critic = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=2e-4)
+    opt_d = torch.optim.Adam([{"params": critic[0].parameters()}, {"params": critic[2].parameters(), "lr": 1e-4}])
+    criterion = nn.BCEWithLogitsLoss()
+    real, noise = torch.randn(32, 16), torch.randn(32, 8)
+
+    def gan_step():
+        fake = generator(noise)
+        opt_d.zero_grad()
+        loss_d = criterion(critic(real), torch.ones(32, 1)) + criterion(critic(fake.detach()), torch.zeros(32, 1))
+        loss_d.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        loss_g = criterion(critic(fake), torch.ones(32, 1))
+        loss_g.backward()
+        opt_g.step()
+        return loss_g
+
+    namespace = {"generator": generator, "critic": critic, "opt_g": opt_g, "opt_d": opt_d, "criterion": criterion}
+    result = probe_speed(gan_step, options=("fused-optimizer",), steps=3, namespace=namespace)
+    from jupyter_gpu.speedprobe.catalog import adopt_lines
+
+    lines = adopt_lines(("fused-optimizer", "compile"), result.code_context)
+    assert sorted(lines) == [
+        "critic = torch.compile(critic)",
+        "generator = torch.compile(generator)",
+        "opt_d = torch.optim.Adam(..., fused=True)  # your parameters and other arguments, unchanged",
+        "opt_g = torch.optim.Adam(generator.parameters(), fused=True)  # keep your other arguments",
+    ]
+    fp16 = adopt_lines(("amp-fp16",), result.code_context)
+    assert sorted(fp16[-3:-1]) == ["scaler.step(opt_d)", "scaler.step(opt_g)"] and fp16[-1] == "scaler.update()"
+    assert sorted(note for note in result.notes if "fused=True" in note) == [
+        "fused-optimizer: opt_d (Adam): fused=True", "fused-optimizer: opt_g (Adam): fused=True"]
