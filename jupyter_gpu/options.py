@@ -26,7 +26,12 @@ class SentenceParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise OptionsError(message[0].upper() + message[1:].rstrip(".") + ".")
+        sentence = message[0].upper() + message[1:].rstrip(".") + "."
+        unrecognized = message.split(":", 1)[1].split() if message.startswith("unrecognized arguments:") else []
+        if not self.add_help and {"-h", "--help"} & set(unrecognized):
+            # A magic's help is IPython's `%magic?`, generated from this parser (help_from).
+            sentence += f" For help, type {self.prog}?"
+        raise OptionsError(sentence)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise OptionsError((message or "").strip() or f"exit {status}")

@@ -39,6 +39,20 @@ def parse_line_or_cell(name: str, line: str, cell: str | None, make_parser: Call
     return options, statement
 
 
+def compile_magic_source(shell: Any, name: str, line: str, source: str, cell: str | None, example: str
+                         ) -> CompiledCell:
+    """compile_cell for a magic that is both `%name STATEMENT` and `%%name` on a cell. A cell's syntax error is
+    the cell's (shown at its line); a line form that is not Python is one sentence with `example` to copy."""
+    __tracebackhide__ = True
+    if cell is not None:
+        return compile_cell(shell, source, header=f"%%{name} {line}".rstrip())
+    try:
+        return compile_cell(shell, source)
+    except SyntaxError as exc:
+        raise UsageError(f"%{name}: {source!r} is not a Python statement ({exc.msg}); write it as in a cell, "
+                         f"e.g. %{name} {example}") from None
+
+
 def compile_cell(shell: Any, source: str, header: str | None = None) -> CompiledCell:
     """Compile as IPython would run the cell: its input transformers, AST transformers and flags.
 
@@ -84,7 +98,15 @@ def _parse(shell: Any, source: str, header: str | None) -> tuple[list[ast.stmt],
     transformed = shell.transform_cell(source)
     shown = transformed if header is None else f"{header}\n{transformed}"
     filename = shell.compile.cache(shown, shell.execution_count)
-    tree = shell.compile.ast_parse(transformed, filename=filename)
+    try:
+        tree = shell.compile.ast_parse(transformed, filename=filename)
+    except SyntaxError as exc:
+        if header is not None and exc.lineno is not None:
+            # The cached text has the magic's line above the body: point at the body's line, as the notebook
+            # shows it, not at `%%gputime`.
+            exc.lineno += 1
+            exc.end_lineno = exc.end_lineno + 1 if exc.end_lineno is not None else None
+        raise
     if header is not None:
         ast.increment_lineno(tree, 1)
     tree = shell.transform_ast(tree)

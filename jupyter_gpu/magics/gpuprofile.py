@@ -43,7 +43,7 @@ class GpuProfileMagics(Magics):
         from jupyter_gpu.gpuprofile.lift import LoopSource
         from jupyter_gpu.gpuprofile.request import DEFAULT_DATA_SECONDS, DEFAULT_STEPS, ProfileRequest
         from jupyter_gpu.gpuprofile.runner import GpuProfileError, profile_run
-        from jupyter_gpu.magics.cell import compile_cell
+        from jupyter_gpu.magics.cell import compile_magic_source
 
         namespace = self.shell.user_ns
         source = cell if cell is not None else statement
@@ -52,7 +52,8 @@ class GpuProfileMagics(Magics):
                 raise UsageError(f"%gpuprofile: there is no function {statement!r} in the notebook; define "
                                  f"def {statement}(): ... (one epoch of training) first.")
             source = f"{statement}()"
-        compiled = compile_cell(self.shell, source, header=f"%%gpuprofile {line}".rstrip() if cell else None)
+        compiled = compile_magic_source(self.shell, "gpuprofile", line, source, cell,
+                                        "train_one_epoch(model, loader, optimizer)")
 
         def run() -> Any:
             exec(compiled.body, namespace)

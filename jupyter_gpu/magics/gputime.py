@@ -42,12 +42,12 @@ class GpuTimeMagics(Magics):
         options, statement = self._parse(line, cell)
         source = cell if cell is not None else statement
         from jupyter_gpu.gputime.runner import TimingRequest, time_cell
-        from jupyter_gpu.magics.cell import compile_cell
+        from jupyter_gpu.magics.cell import compile_magic_source
 
         request = TimingRequest(
             label=options.label or _label(source), loops=options.loops, repeat=options.repeat,
             warmup=options.warmup, auto=options.auto, budget=options.budget or 2.0, count_ops=options.count_ops)
-        compiled = compile_cell(self.shell, source, header=f"%%gputime {line}".rstrip() if cell is not None else None)
+        compiled = compile_magic_source(self.shell, "gputime", line, source, cell, "model(x).sum().backward()")
         progress = None if options.quiet else ProgressLine()
         timed = time_cell(self.shell.user_ns, compiled, request, self._busy_lease(), progress=progress)
         # With -o, a cell magic's return value is the cell's Out: displaying it here would show it twice.

@@ -257,6 +257,22 @@ def test_line_magic_needs_a_statement_and_cell_needs_a_body(ip):
         ip.run_cell_magic("gputime", "", "\n  \n")
 
 
+@pytest.mark.parametrize("magic", ["gputime", "gpuprofile"])
+def test_a_syntax_error_in_the_cell_points_at_its_line_and_a_line_form_that_is_not_python_is_one_sentence(
+        ip, magic):
+    import linecache
+
+    with capture_output():
+        run = ip.run_cell(f"%%{magic}\nx = 1\nfor i in range(3)\n    pass\n")
+    error = run.error_in_exec
+    assert isinstance(error, SyntaxError) and error.msg == "expected ':'"
+    # The line the notebook shows under the magic's own line, not `%%gputime`.
+    assert error.lineno == 3 and linecache.getline(error.filename, error.lineno) == "for i in range(3)\n"
+    with pytest.raises(UsageError, match=rf"%{magic}: 'train model loader' is not a Python statement "
+                                         rf"\(invalid syntax\); write it as in a cell, e\.g\. %{magic} "):
+        ip.run_line_magic(magic, "train model loader")
+
+
 def test_unknown_backend_is_a_usage_error(ip, monkeypatch):
     monkeypatch.setenv("JUPYTER_GPU_BACKEND", "simulated:nonesuch")
     with pytest.raises(UsageError, match="nonesuch"):

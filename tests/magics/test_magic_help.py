@@ -8,8 +8,10 @@ from jupyter_gpu.options import (
     batchprobe_parser,
     check_parser,
     dataprobe_parser,
+    gpucells_parser,
     gpumem_parser,
     gpupanel_parser,
+    gpuprofile_parser,
     gputime_parser,
     speedprobe_parser,
 )
@@ -22,6 +24,8 @@ PARSERS = {
     "dataprobe": dataprobe_parser,
     "speedprobe": speedprobe_parser,
     "gpumem": gpumem_parser,
+    "gpucells": gpucells_parser,
+    "gpuprofile": gpuprofile_parser,
 }
 
 
@@ -47,3 +51,12 @@ def test_the_cell_and_line_forms_are_both_in_the_usage(ip) -> None:
     assert "%%gputime [options]  or  %gputime [options] STATEMENT" in shown_help(ip, "gputime")
     usage = shown_help(ip, "batchprobe")
     assert "%batchprobe STEP [options]" in usage and "%%batchprobe [options]" in usage
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_asking_a_magic_for_help_with_a_flag_says_how_help_is_asked(ip, name: str, flag: str) -> None:
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match=rf"Unrecognized arguments: {flag}\. For help, type %{name}\?$"):
+        ip.run_line_magic(name, flag)
