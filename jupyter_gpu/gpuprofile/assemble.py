@@ -4,7 +4,6 @@ in the notebook) and the plan."""
 
 from __future__ import annotations
 
-import linecache
 import platform
 import statistics
 import time
@@ -148,10 +147,13 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
                                 "(peak unknown); the measured ceiling applies.")
     overhead = _overhead(torch, profiled)
     loaders = loaders_seen(namespace, instruments.samplers, torch.utils.data.DataLoader)
-    ready, defined = lift.ready_steps(loop_source, instruments.loop_sites, namespace, loaders,
-                                      accumulation=_accumulation(instruments),
-                                      batch=instruments.last_batch) if step_seconds else ([], [])
-    _define(ready, namespace, instruments.last_batch if defined else None)
+    lifted = lift.ready_steps(loop_source, instruments.loop_sites, namespace, loaders,
+                              accumulation=_accumulation(instruments), batch=instruments.last_batch,
+                              scopes=instruments.loop_scopes) if step_seconds else lift.Lifted([])
+    lift.define(lifted, namespace)
+    if lifted.defined:
+        namespace[lift.BATCH] = instruments.last_batch
+    ready, defined = lifted.steps, lifted.defined
     result = ProfileResult(
         device=device, device_name=_device_name(torch, device), counted=instruments.mode or ONE_RUN,
         step_seconds=step_seconds, warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
@@ -176,18 +178,6 @@ def _models_called(instruments: Instruments, used: TrainingObjects) -> list[str]
     modules = {id(module): module for module in used.modules if id(module) in used.labels}
     return [used.labels[called] for called in instruments.called_modules
             if called in modules and any(True for _ in modules[called].parameters())]
-
-
-def _define(ready: list[Any], namespace: dict[str, Any], batch: Any) -> None:
-    """Define the lifted steps in the notebook, their source in the line cache so a traceback shows it."""
-    for step in ready:
-        if step.name is None:
-            continue
-        filename = f"<%%gpuprofile {step.name}>"
-        linecache.cache[filename] = (len(step.code), None, step.code.splitlines(True), filename)
-        exec(compile(step.code, filename, "exec"), namespace)
-    if batch is not None:
-        namespace[lift.BATCH] = batch
 
 
 def _accumulation(instruments: Instruments) -> int:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.gpuprofile.kernels import GpuEvent
+from jupyter_gpu.gpuprofile.lift import LoopScope
 from jupyter_gpu.gpuprofile.result import (
     BACKWARD,
     BATCHES,
@@ -99,6 +100,7 @@ class Instruments:
         self.stopped = False
         self.sites: dict[tuple[str, int], SyncSite] = {}
         self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
+        self.loop_scopes: dict[tuple[str, int], LoopScope] = {}  # of those inside a function
         self.samplers: list[Any] = []  # the index sampler of each DataLoader that yielded (names it afterwards)
         self.last_batch: Any = None
         self.batch_size: int | None = None
@@ -300,6 +302,9 @@ class Instruments:
             # The user's `for` line: through tqdm (a library) and through generators that wrap the loader.
             frame = instruments._user_frame(sys._getframe(1), skip_generators=True)
             site = (frame.f_code.co_filename, frame.f_lineno)
+            if site not in instruments.loop_sites and frame.f_locals is not frame.f_globals:
+                # A loop inside a function (train_one_epoch): what it sees, so its body can be lifted.
+                instruments.loop_scopes[site] = LoopScope(dict(frame.f_locals), frame.f_globals)
             instruments.loop_sites[site] = instruments.loop_sites.get(site, 0) + 1
             instruments.timeline.enter(DATA)
             try:

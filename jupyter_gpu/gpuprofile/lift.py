@@ -5,8 +5,9 @@ The loop is the innermost `for` whose `next()` the profile saw yield DataLoader 
 `profile_step(batch)` (one batch, as the loader yields it); `profile_train_step()` runs one optimizer step on the
 last batch the loop saw (`profile_batch`), as many batches as the loop accumulated gradients over; and
 `profile_sized_step(batch_size)` does the same on that batch resized; the body returns its loss (the name it calls
-`backward()` on), and so do both. Where the body cannot be lifted (a `break`, a `return`, names that are a
-function's own variables, no source), the reason is given with the few-line wrapper to fill in. Pure Python: the
+`backward()` on), and so do both. A loop inside a function closes over the function's variables as they were when
+the loop began (`LoopScope`). Where the body cannot be lifted (a `break`, a `return`, a name it cannot see, no
+source), the reason is given with the few-line wrapper to fill in. Pure Python: the
 code is built with `ast` and defined by the caller.
 """
 
@@ -16,12 +17,13 @@ import ast
 import builtins
 import linecache
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.gpuprofile.result import ReadyStep
 
 DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step", "profile_sized_step", "profile_batch"
+_FACTORY = "_make_profile_step"  # for a loop inside a function: makes profile_step, closing over its variables
 # Wrappers that yield what they wrap: `for x in tqdm(loader)`, `for i, x in enumerate(loader)`.
 _PASS_THROUGH = {"tqdm", "track", "trange", "iter"}
 
@@ -159,14 +161,40 @@ def _augmented(nodes: list[ast.stmt]) -> set[str]:
             if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
 
 
+@dataclass(frozen=True)
+class LoopScope:
+    """What a function whose loop the profile saw could see when the loop first asked for a batch."""
+
+    local_names: dict[str, Any]
+    module_globals: dict[str, Any]
+
+    def visible(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """Its locals, and its module's globals where that module is not the notebook (a function from a .py)."""
+        if self.module_globals is namespace:
+            return dict(self.local_names)
+        return {**self.module_globals, **self.local_names}
+
+
+@dataclass
+class Lifted:
+    """The ready steps (with their code; templates with the reason when nothing could be lifted), the names they
+    define in the notebook, and the values they close over: a function's own variables (`net`, `optimizer`, a
+    running total) when the loop runs inside a function, which `define` passes to the step's factory."""
+
+    steps: list[ReadyStep]
+    defined: list[str] = field(default_factory=list)
+    bound: dict[str, Any] = field(default_factory=dict)
+
+
 def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], namespace: Mapping[str, Any],
-                loaders: list[str], *, accumulation: int, batch: Any) -> tuple[list[ReadyStep], list[str]]:
-    """The ready steps (with their code), and the reason when there are none. `batch` is the last batch the loop
-    saw (None when it saw none)."""
+                loaders: list[str], *, accumulation: int, batch: Any,
+                scopes: Mapping[tuple[str, int], LoopScope] | None = None) -> Lifted:
+    """The ready steps, or the templates and why. `batch` is the last batch the loop saw (None when it saw none);
+    `scopes`: for a loop inside a function, what that function saw when its loop first asked for a batch."""
     loader = loaders[0] if loaders else "LOADER"
     why = _why_not(source, loop_sites, batch)
     if why is not None:
-        return _templates(loader, why), []
+        return Lifted(_templates(loader, why))
     loop = None
     # The profiled cell first, then the files the loop's next() was called from (a function defined elsewhere).
     files = [source.filename] if source is not None else []
@@ -177,20 +205,47 @@ def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], 
         if loop is not None:
             break
     if loop is None:
-        return _templates(loader, "the loop over the DataLoader is not in the profiled code (it runs in a "
-                                  "function defined elsewhere)"), []
+        return Lifted(_templates(loader, "the loop over the DataLoader is not in the profiled code (it runs in a "
+                                         "function defined elsewhere)"))
     target, counter = _unwrap(loop)
     blocked = _blocked(loop.body)
     if blocked is not None:
-        return _templates(loader, blocked), []
-    known = set(namespace) | set(dir(builtins)) | _stored(loop.body) | _stored(target) | {counter}
+        return Lifted(_templates(loader, blocked))
+    found = (scopes or {}).get((filename, loop.lineno))
+    scope = found.visible(namespace) if found is not None else {}
+    loop_names = _stored(target) | ({counter} if counter else set())
+    # A loop inside a function: what its body reads from the function (arguments, a running total it carries
+    # across batches) is closed over, with the value it had when the loop began; it shadows the notebook's.
+    carried = _carried(loop.body)
+    bound = {name: scope[name] for name in sorted((_loaded(loop.body) | carried) - loop_names)
+             if name in scope and (name not in _stored(loop.body) or name in carried)}
+    known = set(namespace) | set(dir(builtins)) | _stored(loop.body) | loop_names | set(bound)
     missing = sorted(_loaded(loop.body) - known)
     if missing:
-        return _templates(loader, f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
-                                  f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a function's own "
-                                  "variables?)"), []
-    code = _data_step_code(loop, target, counter, namespace)
-    return _lifted(loader, loop.lineno, accumulation, code, counter)
+        return Lifted(_templates(loader, f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
+                                         f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a "
+                                         "function's own variables?)"))
+    code = _data_step_code(loop, target, counter, namespace, list(bound))
+    steps, defined = _lifted(loader, loop.lineno, accumulation, code, counter)
+    return Lifted(steps, defined, bound)
+
+
+def _carried(body: list[ast.stmt]) -> set[str]:
+    """Names the loop carries across batches: it reads them before (or while) it writes them."""
+    return _augmented(body) | _read_before_written(body)
+
+
+def define(lifted: Lifted, namespace: dict[str, Any]) -> None:
+    """Define the lifted steps in the notebook, their source in the line cache so a traceback shows it. A step
+    that closes over a function's variables is made by its factory, called with them."""
+    for step in lifted.steps:
+        if step.name is None:
+            continue
+        filename = f"<%%gpuprofile {step.name}>"
+        linecache.cache[filename] = (len(step.code), None, step.code.splitlines(True), filename)
+        exec(compile(step.code, filename, "exec"), namespace)
+        if step.name == DATA_STEP and lifted.bound:
+            namespace[DATA_STEP] = namespace.pop(_FACTORY)(**lifted.bound)
 
 
 def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], batch: Any) -> str | None:
@@ -199,13 +254,18 @@ def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int
     return None
 
 
-def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namespace: Mapping[str, Any]) -> str:
+def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namespace: Mapping[str, Any],
+                    bound: list[str]) -> str:
     body: list[ast.stmt] = []
-    # Names the body both reads and assigns (running_loss += ...) are the notebook's, as in the loop.
-    shared = sorted((_augmented(loop.body) | _read_before_written(loop.body)) & set(namespace)
-                    - _stored(target) - ({counter} if counter else set()))
+    # Names the body both reads and assigns (running_loss += ...) are the notebook's, as in the loop; or, for a
+    # loop inside a function, that function's (closed over by the factory below).
+    carried = _carried(loop.body) - _stored(target) - ({counter} if counter else set())
+    shared = sorted(carried & set(namespace) - set(bound))
     if shared:
         body.append(ast.Global(names=shared))
+    nonlocal_names = sorted(carried & set(bound))
+    if nonlocal_names:
+        body.append(ast.Nonlocal(names=nonlocal_names))
     parameter = target.id if isinstance(target, ast.Name) else "batch"
     if not isinstance(target, ast.Name):
         body.append(ast.Assign(targets=[target], value=ast.Name(id="batch", ctx=ast.Load()), lineno=0))
@@ -224,6 +284,14 @@ def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namesp
     docstring = ast.Expr(ast.Constant(f"The loop body at line {loop.lineno}, one batch as the loader yields it "
                                       "(lifted by %%gpuprofile)."))
     function.body.insert(0, docstring)
+    if bound:
+        # The function's variables the body uses become the factory's parameters: define() calls it with them.
+        calls = ast.parse(f"{DATA_STEP}.calls = 0\nreturn {DATA_STEP}").body
+        factory = ast.FunctionDef(
+            name=_FACTORY, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in bound],
+                                              kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[function, *calls], decorator_list=[], returns=None, type_params=[], lineno=0)
+        return ast.unparse(ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))) + "\n"
     text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[])))
     return text + f"\n{DATA_STEP}.calls = 0\n"
 

@@ -121,12 +121,15 @@ def cell(text: str) -> str:
     return filename
 
 
-def lift_from(text: str, line: int, namespace: dict | None = None, accumulation: int = 1):
+def lift_from(text: str, line: int, namespace: dict | None = None, accumulation: int = 1,
+              scope: lift.LoopScope | None = None):
     filename = cell(text)
-    return lift.ready_steps(lift.LoopSource(filename), {(filename, line): 25},
-                            namespace if namespace is not None else {"model": 1, "opt": 1, "loader": 1,
-                                                                      "loss_fn": 1, "device": 1},
-                            ["loader"], accumulation=accumulation, batch=object())
+    lifted = lift.ready_steps(lift.LoopSource(filename), {(filename, line): 25},
+                              namespace if namespace is not None else {"model": 1, "opt": 1, "loader": 1,
+                                                                        "loss_fn": 1, "device": 1},
+                              ["loader"], accumulation=accumulation, batch=object(),
+                              scopes={(filename, line): scope} if scope is not None else None)
+    return lifted.steps, lifted.defined
 
 
 ENUMERATE = """%%gpuprofile --steps 10
@@ -237,8 +240,54 @@ def test_a_function_s_own_variables_are_named_as_the_reason() -> None:
 
 
 def test_no_batch_seen_means_nothing_to_lift() -> None:
-    steps, defined = lift.ready_steps(None, {}, {}, [], accumulation=1, batch=None)
-    assert defined == [] and "no DataLoader batch" in (steps[0].reason or "")
+    lifted = lift.ready_steps(None, {}, {}, [], accumulation=1, batch=None)
+    assert lifted.defined == [] and "no DataLoader batch" in (lifted.steps[0].reason or "")
+
+
+TRAIN_ONE_EPOCH = """def train_one_epoch(net, data, optimizer, log_every=10):
+    running = 0.0
+    for step, (x, y) in enumerate(data):
+        optimizer.zero_grad()
+        loss = loss_fn(net(x), y)
+        loss.backward()
+        optimizer.step()
+        running += loss.item()
+        if step % log_every == 0:
+            print(step, running)
+"""
+
+
+def test_a_loop_inside_a_function_closes_over_the_function_s_variables_as_they_were_when_it_began() -> None:
+    import torch
+
+    torch.manual_seed(0)
+    net, loss_fn = torch.nn.Linear(4, 2), torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    notebook = {"loss_fn": loss_fn, "net": "the notebook's own net, shadowed by the function's argument"}
+    # What the function saw when its loop first asked for a batch: its arguments and `running`, defined in the cell.
+    scope = lift.LoopScope({"net": net, "data": [], "optimizer": optimizer, "log_every": 10, "running": 0.0},
+                           notebook)
+    filename = cell(TRAIN_ONE_EPOCH)
+    lifted = lift.ready_steps(lift.LoopSource(filename), {(filename, 3): 25}, notebook, ["loader"], accumulation=1,
+                              batch=(torch.randn(8, 4), torch.randint(0, 2, (8,))), scopes={(filename, 3): scope})
+    assert lifted.defined == ["profile_step", "profile_train_step", "profile_sized_step", "profile_batch"]
+    assert sorted(lifted.bound) == ["log_every", "net", "optimizer", "running"]  # not the loop's own names
+    assert "nonlocal running" in lifted.steps[0].code and "global" not in lifted.steps[0].code
+    lift.define(lifted, notebook)
+    notebook["profile_batch"] = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    before = net.weight.detach().clone()
+    loss = notebook["profile_train_step"]()
+    assert isinstance(loss, torch.Tensor) and not torch.equal(before, net.weight)  # the function's net trained
+    assert "_make_profile_step" not in notebook and notebook["profile_step"].calls == 1
+
+
+def test_a_function_from_a_module_sees_its_module_s_globals_not_the_notebook_s() -> None:
+    module_globals = {"loss_fn": "the module's loss_fn"}
+    scope = lift.LoopScope({"net": 1, "data": [], "optimizer": 1, "log_every": 10, "running": 0.0}, module_globals)
+    filename = cell(TRAIN_ONE_EPOCH)
+    lifted = lift.ready_steps(lift.LoopSource(filename), {(filename, 3): 25}, {"loader": 1, "loss_fn": "notebook's"},
+                              ["loader"], accumulation=1, batch=object(), scopes={(filename, 3): scope})
+    assert lifted.defined and lifted.bound["loss_fn"] == "the module's loss_fn"
 
 
 # -- plan and rendering ------------------------------------------------------------------------------------------

@@ -308,11 +308,20 @@ def test_bad_options_are_one_sentence(ip, line: str, cell: str, message: str) ->
 
 def test_the_line_form_profiles_a_training_function(ip) -> None:
     ip.run_cell(MLP).raise_error()
-    ip.run_cell("def train_one_epoch(net, data, optimizer):\n    for x, y in data:\n        optimizer.zero_grad()\n"
-                "        loss_fn(net(x), y).backward()\n        optimizer.step()\n").raise_error()
+    ip.run_cell("def train_one_epoch(net, data, optimizer):\n    total = 0.0\n"
+                "    for step, (x, y) in enumerate(data):\n        optimizer.zero_grad()\n"
+                "        loss = loss_fn(net(x), y)\n        loss.backward()\n        optimizer.step()\n"
+                "        total += loss.item()\n    return total\n").raise_error()
     result = ip.run_line_magic("gpuprofile", "-o -q --steps 4 --warmup 1 train_one_epoch(model, loader, opt)")
     assert result.steps == 4 and result.counted == "optimizer steps"
-    assert "`net`" in result.ready_steps[0].reason  # the body uses the function's own variables
+    # The loop is in the function: its body is lifted with the function's own variables (net, optimizer, total).
+    assert [ready.name for ready in result.ready_steps] == ["profile_step", "profile_train_step", "profile_sized_step"]
+    before = ip.user_ns["model"].state_dict()["0.weight"].clone()
+    loss = ip.run_cell("profile_train_step()").result
+    assert isinstance(loss, torch.Tensor) and loss.ndim == 0  # the loss the body calls backward() on
+    assert not torch.equal(before, ip.user_ns["model"].state_dict()["0.weight"])  # the function's `net` trained
+    speed = ip.run_line_magic("speedprobe", "profile_train_step --try fused-optimizer --steps 2 -o -q")
+    assert speed.option("fused-optimizer").agrees and not any("returns no loss" in note for note in speed.notes)
     with pytest.raises(UsageError, match="no function 'train_epoch'"):
         ip.run_line_magic("gpuprofile", "train_epoch")
 
