@@ -1,7 +1,8 @@
 """Ready steps: the body of the user's loop lifted into the step functions `%dataprobe`, `%speedprobe` and
 `%batchprobe` take, so the commands the profile prints work when pasted into the next cell.
 
-The loop is the innermost `for` whose `next()` the profile saw yield DataLoader batches. Its body becomes
+The loop is the innermost `for` whose `next()` the profile saw yield DataLoader batches, or the innermost loop
+whose body fetches them itself (`batch = next(data_iter)`). Its body becomes
 `profile_step(batch)` (one batch, as the loader yields it); `profile_train_step()` runs one optimizer step on the
 last batch the loop saw (`profile_batch`), as many batches as the loop accumulated gradients over; and
 `profile_sized_step(batch_size)` does the same on that batch resized; the body returns its loss (the name it calls
@@ -48,9 +49,56 @@ def _parse(filename: str) -> ast.Module | None:
         return None
 
 
-def _innermost_loop(tree: ast.Module, lines: set[int]) -> ast.For | None:
-    found = [node for node in ast.walk(tree) if isinstance(node, ast.For) and node.lineno in lines]
-    return max(found, key=lambda node: node.lineno) if found else None
+@dataclass
+class _LoopBody:
+    """The loop whose batches the profile saw, as the step needs it."""
+
+    line: int                      # the loop's own line
+    target: ast.expr               # what one batch is bound to
+    counter: str | None            # a name counting the batches (enumerate's, or `for step in range(...)`)
+    statements: list[ast.stmt]     # the body, without the statement that fetched the batch
+    fetch_lines: range             # where the loop asked for a batch: the `for` line, or its `next()` statement
+
+
+def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
+    """The innermost loop that asked for the batches the profile saw: a `for` over the loader (the site is its
+    line), or a loop whose body fetches them itself (`batch = next(data_iter)`, also inside a `try` that makes a
+    new iterator on StopIteration)."""
+    found: list[_LoopBody] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and node.lineno in lines:
+            target, counter = _unwrap(node)
+            found.append(_LoopBody(node.lineno, target, counter, node.body, range(node.lineno, node.lineno + 1)))
+        if isinstance(node, (ast.For, ast.While)):
+            for statement in node.body:
+                fetched = _fetched(statement)
+                span = range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
+                if fetched is not None and lines & set(span):
+                    counter = (node.target.id if isinstance(node, ast.For) and isinstance(node.target, ast.Name)
+                               else None)
+                    rest = [other for other in node.body if other is not statement]
+                    found.append(_LoopBody(node.lineno, fetched, counter, rest, span))
+    return max(found, key=lambda body: body.fetch_lines.start) if found else None
+
+
+def _fetched(statement: ast.stmt) -> ast.expr | None:
+    """The target of `batch = next(it)`, alone or as the whole body of a `try`."""
+    if isinstance(statement, ast.Try) and len(statement.body) == 1:
+        statement = statement.body[0]
+    if (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.value, ast.Call)
+            and _name(statement.value.func) == "next"):
+        return statement.targets[0]
+    return None
+
+
+def _without_stop_guards(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """The body without its leading `if step >= max_steps: break` guards: they stop the loop, and the step is one
+    batch of it (a guard left in would make the step do nothing once the loop's count had passed it)."""
+    kept = list(statements)
+    while (kept and isinstance(kept[0], ast.If) and not kept[0].orelse and len(kept[0].body) == 1
+           and isinstance(kept[0].body[0], ast.Break)):
+        kept.pop(0)
+    return kept
 
 
 def _name(node: ast.expr) -> str | None:
@@ -201,32 +249,33 @@ def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], 
     files += [file for (file, _), _ in sorted(loop_sites.items(), key=lambda item: -item[1])]
     for filename in dict.fromkeys(files):
         tree = _parse(filename)
-        loop = _innermost_loop(tree, {line for (file, line) in loop_sites if file == filename}) if tree else None
+        loop = _loop_body(tree, {line for (file, line) in loop_sites if file == filename}) if tree else None
         if loop is not None:
             break
     if loop is None:
         return Lifted(_templates(loader, "the loop over the DataLoader is not in the profiled code (it runs in a "
                                          "function defined elsewhere)"))
-    target, counter = _unwrap(loop)
-    blocked = _blocked(loop.body)
+    loop.statements = _without_stop_guards(loop.statements)
+    blocked = _blocked(loop.statements)
     if blocked is not None:
         return Lifted(_templates(loader, blocked))
-    found = (scopes or {}).get((filename, loop.lineno))
-    scope = found.visible(namespace) if found is not None else {}
-    loop_names = _stored(target) | ({counter} if counter else set())
+    site = next((site for site in (scopes or {}) if site[0] == filename and site[1] in loop.fetch_lines), None)
+    scope = (scopes or {})[site].visible(namespace) if site is not None else {}
+    loop_names = _stored(loop.target) | ({loop.counter} if loop.counter else set())
     # A loop inside a function: what its body reads from the function (arguments, a running total it carries
     # across batches) is closed over, with the value it had when the loop began; it shadows the notebook's.
-    carried = _carried(loop.body)
-    bound = {name: scope[name] for name in sorted((_loaded(loop.body) | carried) - loop_names)
-             if name in scope and (name not in _stored(loop.body) or name in carried)}
-    known = set(namespace) | set(dir(builtins)) | _stored(loop.body) | loop_names | set(bound)
-    missing = sorted(_loaded(loop.body) - known)
+    body = loop.statements
+    carried = _carried(body)
+    bound = {name: scope[name] for name in sorted((_loaded(body) | carried) - loop_names)
+             if name in scope and (name not in _stored(body) or name in carried)}
+    known = set(namespace) | set(dir(builtins)) | _stored(body) | loop_names | set(bound)
+    missing = sorted(_loaded(body) - known)
     if missing:
         return Lifted(_templates(loader, f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
                                          f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a "
                                          "function's own variables?)"))
-    code = _data_step_code(loop, target, counter, namespace, list(bound))
-    steps, defined = _lifted(loader, loop.lineno, accumulation, code, counter)
+    code = _data_step_code(loop, namespace, list(bound))
+    steps, defined = _lifted(loader, loop.line, accumulation, code)
     return Lifted(steps, defined, bound)
 
 
@@ -254,12 +303,12 @@ def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int
     return None
 
 
-def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namespace: Mapping[str, Any],
-                    bound: list[str]) -> str:
+def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[str]) -> str:
+    target, counter = loop.target, loop.counter
     body: list[ast.stmt] = []
     # Names the body both reads and assigns (running_loss += ...) are the notebook's, as in the loop; or, for a
     # loop inside a function, that function's (closed over by the factory below).
-    carried = _carried(loop.body) - _stored(target) - ({counter} if counter else set())
+    carried = _carried(loop.statements) - _stored(target) - ({counter} if counter else set())
     shared = sorted(carried & set(namespace) - set(bound))
     if shared:
         body.append(ast.Global(names=shared))
@@ -269,19 +318,19 @@ def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namesp
     parameter = target.id if isinstance(target, ast.Name) else "batch"
     if not isinstance(target, ast.Name):
         body.append(ast.Assign(targets=[target], value=ast.Name(id="batch", ctx=ast.Load()), lineno=0))
-    if counter is not None and counter in _loaded(loop.body):
+    if counter is not None and counter in _loaded(loop.statements):
         # The loop counter, counted per call as the loop counted it (logging, gradient accumulation).
         calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
         body.extend(calls)
-    body.extend(loop.body)
-    loss = _loss_name(loop.body)
+    body.extend(loop.statements)
+    loss = _loss_name(loop.statements)
     if loss is not None:
         body.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load())))
     function = ast.FunctionDef(
         name=DATA_STEP, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=parameter)], kwonlyargs=[],
                                            kw_defaults=[], defaults=[]),
         body=body, decorator_list=[], returns=None, type_params=[], lineno=0)
-    docstring = ast.Expr(ast.Constant(f"The loop body at line {loop.lineno}, one batch as the loader yields it "
+    docstring = ast.Expr(ast.Constant(f"The loop body at line {loop.line}, one batch as the loader yields it "
                                       "(lifted by %%gpuprofile)."))
     function.body.insert(0, docstring)
     if bound:
@@ -296,7 +345,7 @@ def _data_step_code(loop: ast.For, target: ast.expr, counter: str | None, namesp
     return text + f"\n{DATA_STEP}.calls = 0\n"
 
 
-def _lifted(loader: str, line: int, accumulation: int, data_code: str, counter: str | None
+def _lifted(loader: str, line: int, accumulation: int, data_code: str
             ) -> tuple[list[ReadyStep], list[str]]:
     # Both return what the body returned for the step's last batch: its loss (None when it has no single loss).
     repeat = f"for _ in range({accumulation}):  # batches per optimizer step in the loop\n        " \

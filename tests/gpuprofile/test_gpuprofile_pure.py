@@ -228,6 +228,58 @@ def test_a_body_that_cannot_run_alone_gets_the_wrapper_and_the_reason(text: str,
     assert "def step(batch):" in steps[0].code
 
 
+WHILE_NEXT = """data_iter = iter(loader)
+step = 0
+while step < max_steps:
+    batch = next(data_iter)
+    loss = loss_fn(model(batch["x"]), batch["y"])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    step += 1
+"""
+
+RANGE_TRY_NEXT = """it = iter(loader)
+for step in range(max_steps):
+    try:
+        x, y = next(it)
+    except StopIteration:
+        it = iter(loader)
+        x, y = next(it)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    if step % 100 == 0:
+        print(step, loss.item())
+"""
+
+
+@pytest.mark.parametrize(("text", "site", "parameter", "counter"), [
+    (WHILE_NEXT, 4, "batch", None),                    # the step-based loop: `batch = next(data_iter)`
+    (RANGE_TRY_NEXT, 4, "batch", "step"),              # next() inside the try that restarts the iterator
+    (RANGE_TRY_NEXT, 7, "batch", "step"),              # ... and the one after StopIteration
+])
+def test_a_loop_that_fetches_its_batch_with_next_is_lifted_without_the_fetch(text, site, parameter, counter) -> None:
+    namespace = {"model": 1, "opt": 1, "loader": 1, "loss_fn": 1, "max_steps": 100, "step": 0}
+    steps, defined = lift_from(text, site, namespace)
+    assert defined == ["profile_step", "profile_train_step", "profile_sized_step", "profile_batch"]
+    function = ast.parse(steps[0].code).body[0]
+    assert [a.arg for a in function.args.args] == [parameter]
+    assert "next(" not in steps[0].code and "StopIteration" not in steps[0].code
+    assert ("step = profile_step.calls" in steps[0].code) == (counter is not None)
+    assert ("global step" in steps[0].code) == (counter is None)  # the while loop's own count, carried
+    assert function.body[-1].value.id == "loss"
+
+
+def test_a_leading_max_steps_guard_is_left_out_and_a_later_break_still_blocks() -> None:
+    guarded = ("for step, batch in enumerate(loader):\n    if step >= max_steps:\n        break\n"
+               "    loss = model(batch).sum()\n    loss.backward()\n    opt.step()\n")
+    steps, defined = lift_from(guarded, 1, {"model": 1, "opt": 1, "loader": 1, "max_steps": 10})
+    assert defined and "break" not in steps[0].code and "max_steps" not in steps[0].code
+    late = guarded.replace("    loss.backward()\n", "    if loss < 0.1:\n        break\n    loss.backward()\n")
+    steps, defined = lift_from(late, 1, {"model": 1, "opt": 1, "loader": 1, "max_steps": 10})
+    assert defined == [] and "`break` at line 6" in (steps[0].reason or "")
+
+
 def test_a_function_s_own_variables_are_named_as_the_reason() -> None:
     text = """def train_one_epoch(net, data, optimizer):
     for x, y in data:

@@ -251,6 +251,30 @@ def test_a_loop_with_a_break_is_profiled_and_says_why_its_step_is_not_lifted(ip)
     assert "profile_step" not in ip.user_ns
 
 
+def test_a_step_based_loop_with_next_and_a_max_steps_guard_is_lifted_and_its_steps_run(ip) -> None:
+    # The two ways step-based training is written: a while loop that calls next() on the loader's iterator
+    # (restarting it at StopIteration), and a for over the loader that breaks after max_steps.
+    ip.run_cell(MLP + "max_steps = 500\n").raise_error()
+    cells = [
+        "%%gpuprofile -o -q --steps 3 --warmup 1\ndata_iter = iter(loader)\nstep = 0\nwhile step < max_steps:\n"
+        "    try:\n        inputs, labels = next(data_iter)\n    except StopIteration:\n"
+        "        data_iter = iter(loader)\n        inputs, labels = next(data_iter)\n    opt.zero_grad()\n"
+        "    loss = loss_fn(model(inputs), labels)\n    loss.backward()\n    opt.step()\n    step += 1\n",
+        "%%gpuprofile -o -q --steps 3 --warmup 1\nfor step, (inputs, labels) in enumerate(loader):\n"
+        "    if step >= max_steps:\n        break\n    opt.zero_grad()\n    loss = loss_fn(model(inputs), labels)\n"
+        "    loss.backward()\n    opt.step()\n",
+    ]
+    for cell in cells:
+        ip.user_ns.pop("profile_step", None)
+        result = ip.run_cell(cell).result
+        assert result.steps == 3
+        assert [r.name for r in result.ready_steps] == ["profile_step", "profile_train_step", "profile_sized_step"]
+        before = ip.user_ns["model"].state_dict()["0.weight"].clone()
+        loss = ip.run_cell("profile_train_step()").result
+        assert isinstance(loss, torch.Tensor)
+        assert not torch.equal(before, ip.user_ns["model"].state_dict()["0.weight"])  # one real optimizer step
+
+
 def test_a_short_cell_is_profiled_as_far_as_it_ran(ip) -> None:
     ip.run_cell(MLP).raise_error()
     result = ip.run_cell("%%gpuprofile -o -q\nfor i, (x, y) in enumerate(loader):\n    if i == 12:\n"
