@@ -62,6 +62,36 @@ def test_a_trained_cnn_names_parameters_gradients_buffers_and_adam_state_by_path
     assert sum(e.bytes for e in memory.entries if e.kind == "parameter") == total
 
 
+def test_a_deep_models_parameter_is_named_by_the_model_not_by_the_optimizers_shorter_slot() -> None:
+    # "model.net.encoder.layers.0.linear1.weight" is longer than "optimizer.param_groups[0]['params'][6]": the
+    # model's name still names it, and the optimizer's slot is the other name.
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1,
+                                    enable_nested_tensor=False)
+    model = nn.Sequential()
+    model.add_module("net", nn.Module())
+    model.net.add_module("encoder", encoder)
+    optimizer = torch.optim.AdamW(model.parameters())
+    memory = map_memory({"model": model, "optimizer": optimizer})
+    parameters = [entry for entry in memory.entries if entry.kind == "parameter"]
+    assert parameters and all(entry.path.startswith("model.net.encoder.") for entry in parameters), [
+        entry.path for entry in parameters if not entry.path.startswith("model.")]
+    assert all(any(name.startswith("optimizer.param_groups[0]") for name in entry.names) for entry in parameters)
+
+
+def test_batchprobe_credits_a_deep_models_parameters_to_the_model_not_its_optimizer() -> None:
+    from jupyter_gpu.batchprobe.holders import memory_holders
+    from jupyter_gpu.probekit.training_state import find_training_objects
+
+    model = nn.Sequential()
+    model.add_module("backbone", nn.Sequential())
+    model.backbone.add_module("feedforward_block", nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)))
+    optimizer = torch.optim.AdamW(model.parameters())  # "model.backbone.feedforward_block.0.weight": the longer name
+    namespace = {"model": model, "optimizer": optimizer}
+    holders = memory_holders(torch, namespace, find_training_objects(namespace), "cpu")
+    size = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    assert [(h.name, h.kind, h.bytes) for h in holders] == [("model", "parameters and buffers", size)]
+
+
 def test_views_of_one_storage_are_one_entry_with_every_name() -> None:
     base = torch.randn(256, 256)
     memory = map_memory({"base": base, "rows": base[:10], "t": base.t(), "kept": {"again": base}})
