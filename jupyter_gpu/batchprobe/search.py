@@ -442,10 +442,12 @@ def flat_check_size(points: list[tuple[int, int]], start: int) -> int | None:
 
 
 def throughput_knee(points: list[tuple[int, float]], within: float = 0.95) -> int | None:
-    """The smallest batch size reaching `within` of the best samples/s: beyond it, bigger buys little."""
+    """The smallest batch size reaching `within` of the best samples/s: beyond it, bigger buys little. None when
+    that is the largest size measured: nothing bigger was seen to level off (2, 4 and 256 tried, 256 fastest)."""
     if len(points) < 2:
         return None
     best = max(rate for _, rate in points)
     if best <= 0:
         return None
-    return min(size for size, rate in points if rate >= within * best)
+    knee = min(size for size, rate in points if rate >= within * best)
+    return knee if knee < max(size for size, _ in points) else None

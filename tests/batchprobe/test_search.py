@@ -500,6 +500,13 @@ def test_throughput_knee_needs_two_points_with_a_rate(points: list[tuple[int, fl
     assert throughput_knee(points) is None
 
 
+def test_no_knee_where_the_fastest_is_the_largest_size_tried() -> None:
+    # %batchprobe --max 256 on a transformer tried 2, 4 and 256: 256 was fastest by far, so nothing was seen to
+    # level off; "throughput levels off at 256" would be a claim the trials do not make.
+    assert throughput_knee([(2, 115.0), (4, 143.0), (256, 842.0)]) is None
+    assert throughput_knee([(2, 115.0), (4, 143.0), (128, 830.0), (256, 842.0)]) == 128
+
+
 # -- construction ------------------------------------------------------------------------------------------
 
 
