@@ -189,7 +189,7 @@ def render_text(result: ProfileResult) -> str:
         lines += ["", "Ready steps for the probes:"]
         for ready in result.ready_steps:
             if ready.name:
-                lines.append(f"  {ready.command}   ({ready.name} is defined in the notebook)")
+                lines.append(f"  {ready.command}   ({ready.name} is defined in {result.defined_in})")
             else:
                 lines.append(f"  {ready.command}   (not lifted: {ready.reason}; define it first:)")
                 lines += [f"      {code_line}" for code_line in ready.code.splitlines()]
@@ -295,7 +295,8 @@ def render_html(result: ProfileResult) -> str:
         parts.append("<pre>" + escape("\n".join(_applied_text(result.applied))) + "</pre>")
     if result.ready_steps:
         items = "".join(
-            f"<li><code>{escape(r.command)}</code>" + (f" ({escape(r.name)} is defined)" if r.name else
+            f"<li><code>{escape(r.command)}</code>" + (f" ({escape(r.name)} is defined in {escape(result.defined_in)})"
+                                                       if r.name else
                                                        f" (not lifted: {escape(r.reason or '')})<pre>"
                                                        f"{escape(r.code)}</pre>") + "</li>"
             for r in result.ready_steps)

@@ -7,6 +7,7 @@ schedulers, GradScaler, random generators, the global flags) is put back bitwise
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import time
@@ -63,6 +64,13 @@ def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_ST
     del arguments
     if profiled.error is not None:
         raise profiled.error
+    if namespace is None and profiled.defined:
+        # Its ready steps went where its training objects were looked for: the function's module.
+        module = getattr(fn, "__module__", None) or "the function's module"
+        place = "this script's globals" if module == "__main__" else f"module {module}"
+        return dataclasses.replace(profiled.result, defined_in=place)
+    if profiled.defined:
+        return dataclasses.replace(profiled.result, defined_in="the namespace passed to profile_training")
     return profiled.result
 
 

@@ -568,3 +568,33 @@ for epoch in range(3):
     run.raise_error()
     assert run.result.models == ["G", "D"]  # in the order the loop called them; not bce, not the unused Linear
     assert run.result.to_dict()["models"] == ["G", "D"]
+
+
+def test_profile_training_lifts_a_module_function_s_loop_and_says_where_its_ready_steps_are(
+        tmp_path, monkeypatch) -> None:
+    from jupyter_gpu.gpuprofile.runner import profile_training
+
+    # A training function in the user's own .py, reading its loss from the module's globals.
+    (tmp_path / "train_lib.py").write_text(
+        "import torch\ncriterion = torch.nn.CrossEntropyLoss()\n\n"
+        "def train_one_epoch(model, loader, optimizer):\n    running = 0.0\n"
+        "    for i, (x, y) in enumerate(loader):\n        optimizer.zero_grad()\n"
+        "        loss = criterion(model(x), y)\n        loss.backward()\n        optimizer.step()\n"
+        "        running += loss.item()\n    return running\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import train_lib
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,))), batch_size=16)
+    result = profile_training(train_lib.train_one_epoch, model, loader, optimizer, steps=3, warmup=1)
+    assert result.defined_in == "module train_lib"
+    assert "(profile_train_step is defined in module train_lib)" in str(result)
+    before = model.weight.detach().clone()
+    assert isinstance(train_lib.profile_train_step(), torch.Tensor)
+    assert not torch.equal(before, model.weight)  # the model the function was given, one optimizer step
+    mine: dict = {}
+    result = profile_training(train_lib.train_one_epoch, model, loader, optimizer, steps=3, warmup=1, namespace=mine)
+    assert result.defined_in == "the namespace passed to profile_training" and callable(mine["profile_train_step"])
