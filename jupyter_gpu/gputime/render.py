@@ -67,11 +67,16 @@ def render_html(result: GpuTimeResult) -> str:
 def _time_line(result: GpuTimeResult) -> str:
     stats = result.stats
     gpu = result.gpu_stats
-    if result.repeated:
+    if result.repeated and stats.n == 1:
+        # One timed run has no median, minimum or spread to report: its per-loop mean is the measurement.
+        text = (f"{format_seconds(stats.median)} per loop, 1 run × {format_count(result.loops)} "
+                f"loop{'s' if result.loops != 1 else ''} (wall, synchronised; one run has no spread: add -r N)")
+    elif result.repeated:
         text = (f"{format_seconds(stats.median)} median, min {format_seconds(stats.minimum)}, "
-                f"IQR {format_seconds(stats.iqr)}, n={stats.n} run{'s' if stats.n != 1 else ''} × "
+                f"IQR {format_seconds(stats.iqr)}, n={stats.n} runs × "
                 f"{format_count(result.loops)} "
                 f"loop{'s' if result.loops != 1 else ''} (wall, synchronised)")
+    if result.repeated:
         if result.warmup:
             text += f"; {result.warmup} warm-up run{'s' if result.warmup != 1 else ''} not counted"
         if gpu is not None:

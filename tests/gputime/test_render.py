@@ -23,6 +23,13 @@ def test_repeated_text() -> None:
     assert "first run" in text and "500 ms" in text
 
 
+def test_one_timed_run_of_several_loops_gives_its_mean_per_loop_not_a_spread_of_one() -> None:
+    # %%gputime -n 5: one run of 5 loops; "median, min, IQR 0 s" would claim a spread it never measured.
+    text = render_text(repeated(times=(0.0331,), loops=5))
+    assert "33.1 ms per loop, 1 run × 5 loops (wall, synchronised; one run has no spread: add -r N)" in text
+    assert "IQR" not in text and "median" not in text.split("first run")[0]
+
+
 def test_gpu_times_shown_when_measured() -> None:
     result = repeated(times=(0.001, 0.002, 0.003), gpu_times=[0.0005, 0.0006, 0.0007])
     assert "GPU 600 µs median (CUDA events)" in render_text(result)
