@@ -69,13 +69,14 @@ def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
         if isinstance(node, ast.For) and node.lineno in lines:
             target, counter = _unwrap(node)
             found.append(_LoopBody(node.lineno, target, counter, node.body, range(node.lineno, node.lineno + 1)))
-        if isinstance(node, (ast.For, ast.While)):
+        elif isinstance(node, (ast.For, ast.While)):
+            # (A loop over a loader that also fetches from another one keeps that fetch in its body, above.)
             for statement in node.body:
                 fetched = _fetched(statement)
                 span = range(statement.lineno, (statement.end_lineno or statement.lineno) + 1)
                 if fetched is not None and lines & set(span):
                     counter = (node.target.id if isinstance(node, ast.For) and isinstance(node.target, ast.Name)
-                               else None)
+                               and isinstance(node.iter, ast.Call) and _name(node.iter.func) == "range" else None)
                     rest = [other for other in node.body if other is not statement]
                     found.append(_LoopBody(node.lineno, fetched, counter, rest, span))
     return max(found, key=lambda body: body.fetch_lines.start) if found else None

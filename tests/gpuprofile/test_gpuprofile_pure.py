@@ -270,6 +270,20 @@ def test_a_loop_that_fetches_its_batch_with_next_is_lifted_without_the_fetch(tex
     assert function.body[-1].value.id == "loss"
 
 
+def test_a_loop_over_one_loader_that_fetches_from_another_keeps_that_fetch_in_its_step() -> None:
+    # Semi-supervised: labelled batches from the loop, unlabelled ones by next() from a second loader.
+    text = ("unlabelled_iter = iter(unlabelled)\nfor x, y in loader:\n    u = next(unlabelled_iter)\n"
+            "    loss = loss_fn(model(x), y) + model(u).pow(2).mean()\n    loss.backward()\n    opt.step()\n")
+    filename = cell(text)
+    namespace = {"model": 1, "opt": 1, "loader": 1, "loss_fn": 1, "unlabelled": 1, "unlabelled_iter": 1}
+    lifted = lift.ready_steps(lift.LoopSource(filename), {(filename, 2): 25, (filename, 3): 25}, namespace,
+                              ["loader"], accumulation=1, batch=object())
+    function = ast.parse(lifted.steps[0].code).body[0]
+    code = lifted.steps[0].code.replace("(x, y) = batch", "x, y = batch")
+    assert [a.arg for a in function.args.args] == ["batch"] and "x, y = batch" in code
+    assert "u = next(unlabelled_iter)" in code
+
+
 def test_a_leading_max_steps_guard_is_left_out_and_a_later_break_still_blocks() -> None:
     guarded = ("for step, batch in enumerate(loader):\n    if step >= max_steps:\n        break\n"
                "    loss = model(batch).sum()\n    loss.backward()\n    opt.step()\n")
