@@ -7,8 +7,9 @@ whose body fetches them itself (`batch = next(data_iter)`). Its body becomes
 last batch the loop saw (`profile_batch`), as many batches as the loop accumulated gradients over; and
 `profile_sized_step(batch_size)` does the same on that batch resized; the body returns its loss (the name it calls
 `backward()` on), and so do both. A loop inside a function closes over the function's variables as they were when
-the loop began (`LoopScope`). Where the body cannot be lifted (a `break`, a `return`, a name it cannot see, no
-source), the reason is given with the few-line wrapper to fill in. Pure Python: the
+the loop began (`LoopScope`); the loop's `break` and `continue` end the step's one batch (`return`), and leading
+`if step >= max_steps: break` guards are left out. Where the body cannot be lifted (a `return` or `yield` of its
+function, a name it cannot see, no source), the reason is given with the wrapper to fill in. Pure Python: the
 code is built with `ast` and defined by the caller.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import copy
 import linecache
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -125,31 +127,39 @@ def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None]:
     return target, counter
 
 
+class _LoopExitsEndTheStep(ast.NodeTransformer):
+    """The loop's own `break` and `continue` become `return`: either ends the body's run on this batch, which is all
+    one call of the step is (an inner loop's keep theirs, except in its `else`, which belongs to this loop)."""
+
+    def visit_Break(self, node: ast.Break) -> ast.Return:
+        return ast.copy_location(ast.Return(value=None), node)
+
+    def visit_Continue(self, node: ast.Continue) -> ast.Return:
+        return ast.copy_location(ast.Return(value=None), node)
+
+    def visit_For(self, node: ast.For | ast.While | ast.AsyncFor) -> ast.AST:
+        node.orelse = [self.visit(statement) for statement in node.orelse]
+        return node
+
+    visit_While = visit_AsyncFor = visit_For
+
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
+        return node  # a function defined in the body (an LBFGS closure) has its own loops and returns
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+
+
 def _blocked(body: list[ast.stmt]) -> str | None:
-    """Why the body cannot run as a function body: a `break`/`continue` of this loop, a `return` or `yield`."""
-    def visit(node: ast.AST, in_loop: bool) -> str | None:
+    """Why the body cannot run as a function body: a `return` or `yield` of the enclosing function."""
+    def visit(node: ast.AST) -> str | None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             return None
-        if isinstance(node, (ast.Break, ast.Continue)) and not in_loop:
-            return f"a `{type(node).__name__.lower()}` at line {node.lineno} ends the loop itself"
         if isinstance(node, ast.Return):
             return f"a `return` at line {node.lineno}"
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
             return f"a `yield` at line {node.lineno}"
-        inner = in_loop or isinstance(node, (ast.For, ast.While, ast.AsyncFor))
-        for child in ast.iter_child_nodes(node):
-            if isinstance(node, (ast.For, ast.While)) and child in node.orelse:
-                found = visit(child, in_loop)
-            else:
-                found = visit(child, inner)
-            if found:
-                return found
-        return None
-    for statement in body:
-        found = visit(statement, False)
-        if found:
-            return found
-    return None
+        return next((found for child in ast.iter_child_nodes(node) if (found := visit(child))), None)
+    return next((found for statement in body if (found := visit(statement))), None)
 
 
 def _stored(nodes: list[ast.stmt] | ast.expr) -> set[str]:
@@ -323,7 +333,7 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
         # The loop counter, counted per call as the loop counted it (logging, gradient accumulation).
         calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
         body.extend(calls)
-    body.extend(loop.statements)
+    body.extend(_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(loop.statements))
     loss = _loss_name(loop.statements)
     if loss is not None:
         body.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load())))
@@ -349,19 +359,23 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
 def _lifted(loader: str, line: int, accumulation: int, data_code: str
             ) -> tuple[list[ReadyStep], list[str]]:
     # Both return what the body returned for the step's last batch: its loss (None when it has no single loss).
-    repeat = f"for _ in range({accumulation}):  # batches per optimizer step in the loop\n        " \
-        if accumulation > 1 else ""
+    # The loop counter goes on from call to call as it did in the loop (so `if i % 10 == 0: print(...)` logs every
+    # 10th step, not every one); with accumulation each step starts a window of that many batches, as in the loop.
+    repeat, align = "", ""
+    if accumulation > 1:
+        repeat = f"for _ in range({accumulation}):  # batches per optimizer step in the loop\n        "
+        align = f"    {DATA_STEP}.calls += -{DATA_STEP}.calls % {accumulation}  # a window's first batch\n"
     train_code = (f"def {TRAIN_STEP}():\n"
                   f"    \"\"\"One optimizer step of the loop at line {line} on {BATCH}, the last batch it saw; returns "
                   f"its loss.\"\"\"\n"
-                  f"    {DATA_STEP}.calls = 0\n"
+                  f"{align}"
                   f"    {repeat}loss = {DATA_STEP}({BATCH})\n"
                   f"    return loss\n")
     sized_code = (f"def {SIZED_STEP}(batch_size):\n"
                   f"    \"\"\"{TRAIN_STEP} on {BATCH} resized to batch_size samples.\"\"\"\n"
                   f"    from jupyter_gpu.gpuprofile.batches import resize_batch\n"
                   f"    batch = resize_batch({BATCH}, batch_size)\n"
-                  f"    {DATA_STEP}.calls = 0\n"
+                  f"{align}"
                   f"    {repeat}loss = {DATA_STEP}(batch)\n"
                   f"    return loss\n")
     steps = [ReadyStep("%dataprobe", DATA_STEP, f"%dataprobe {loader} --step {DATA_STEP}", data_code),

@@ -173,11 +173,62 @@ def test_gradient_accumulation_makes_one_train_step_one_optimizer_step() -> None
         opt.zero_grad()
 """
     steps, _ = lift_from(text, 1, accumulation=4)
-    train = steps[1].code
-    assert "for _ in range(4):" in train and "profile_step.calls = 0" in train
-    namespace: dict = {}
-    exec(steps[0].code, namespace)                # it is valid Python that defines the function
-    assert callable(namespace["profile_step"])
+
+    class Recorder:  # stands in for the model, its loss and the optimizer: records what the body did
+        def __init__(self) -> None:
+            self.optimizer_steps, self.backwards = 0, 0
+
+        def __call__(self, batch):
+            return self
+
+        def mean(self):
+            return self
+
+        def __truediv__(self, other):
+            return self
+
+        def backward(self):
+            self.backwards += 1
+
+        def step(self):
+            self.optimizer_steps += 1
+
+        def zero_grad(self):
+            pass
+
+    recorder = Recorder()
+    namespace: dict = {"model": recorder, "opt": recorder, "loader": [], "profile_batch": object()}
+    for step in steps:
+        exec(step.code, namespace)
+    namespace["profile_step"](object())           # %dataprobe ran the body on one batch: a window is half-open
+    for _ in range(3):
+        namespace["profile_train_step"]()
+    # Each train step starts a new window of 4 batches: 4 backward passes, then exactly one optimizer step.
+    assert (recorder.backwards, recorder.optimizer_steps) == (1 + 3 * 4, 3)
+
+
+def test_the_loop_counter_goes_on_from_step_to_step_so_a_logging_line_logs_as_in_the_loop() -> None:
+    # The PyTorch MNIST example logs `if batch_idx % log_interval == 0`: %speedprobe's 40 steps log 4 times, not 40.
+    text = ("for batch_idx, (data, target) in enumerate(loader):\n    loss = model(data)\n    loss.backward()\n"
+            "    opt.step()\n    if batch_idx % 10 == 0:\n        logged.append(batch_idx)\n")
+    steps, _ = lift_from(text, 1, {"model": 1, "opt": 1, "loader": 1, "logged": 1})
+
+    class Tensor:
+        def backward(self):
+            pass
+
+    class Optimizer:
+        def step(self):
+            pass
+
+    logged: list[int] = []
+    namespace: dict = {"model": lambda data: Tensor(), "opt": Optimizer(), "logged": logged,
+                       "profile_batch": (1, 2)}
+    for step in steps:
+        exec(step.code, namespace)
+    for _ in range(40):
+        namespace["profile_train_step"]()
+    assert logged == [0, 10, 20, 30]
 
 
 @pytest.mark.parametrize(("backward", "returned"), [
@@ -217,11 +268,11 @@ def test_dict_batches_keep_the_loop_target_as_the_parameter() -> None:
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    ("for x, y in loader:\n    loss = model(x)\n    if loss < 0.1:\n        break\n    opt.step()\n", "`break`"),
+    ("def batches():\n    for x in loader:\n        opt.step()\n        yield x\n", "`yield`"),
     ("def train():\n    for x in loader:\n        opt.step()\n        return\n", "`return`"),
 ])
 def test_a_body_that_cannot_run_alone_gets_the_wrapper_and_the_reason(text: str, reason: str) -> None:
-    line = 1 if text.startswith("for") else 2
+    line = 2
     steps, defined = lift_from(text, line)
     assert defined == []
     assert all(step.name is None and reason in (step.reason or "") for step in steps)
@@ -284,14 +335,23 @@ def test_a_loop_over_one_loader_that_fetches_from_another_keeps_that_fetch_in_it
     assert "u = next(unlabelled_iter)" in code
 
 
-def test_a_leading_max_steps_guard_is_left_out_and_a_later_break_still_blocks() -> None:
+def test_a_leading_max_steps_guard_is_left_out_and_the_loops_other_breaks_end_the_step() -> None:
     guarded = ("for step, batch in enumerate(loader):\n    if step >= max_steps:\n        break\n"
                "    loss = model(batch).sum()\n    loss.backward()\n    opt.step()\n")
     steps, defined = lift_from(guarded, 1, {"model": 1, "opt": 1, "loader": 1, "max_steps": 10})
     assert defined and "break" not in steps[0].code and "max_steps" not in steps[0].code
-    late = guarded.replace("    loss.backward()\n", "    if loss < 0.1:\n        break\n    loss.backward()\n")
-    steps, defined = lift_from(late, 1, {"model": 1, "opt": 1, "loader": 1, "max_steps": 10})
-    assert defined == [] and "`break` at line 6" in (steps[0].reason or "")
+    # The PyTorch MNIST example: `if args.dry_run: break` inside its logging `if`, after the optimizer step; and a
+    # `continue` that skips a batch. Either ends the body's run on this batch: in the step, a `return`.
+    mnist = ("for batch_idx, (data, target) in enumerate(loader):\n    if data is None:\n        continue\n"
+             "    loss = model(data)\n    loss.backward()\n    opt.step()\n    if batch_idx % 10 == 0:\n"
+             "        print(loss.item())\n        if args.dry_run:\n            break\n"
+             "    for retry in range(3):\n        if retry:\n            break\n")
+    steps, defined = lift_from(mnist, 1, {"model": 1, "opt": 1, "loader": 1, "args": 1})
+    function = ast.parse(steps[0].code).body[0]
+    assert defined and "continue" not in steps[0].code
+    assert [node for node in ast.walk(function) if isinstance(node, ast.Break)] != []  # the inner loop keeps its own
+    returns = [node for node in ast.walk(function) if isinstance(node, ast.Return)]
+    assert len(returns) == 3 and function.body[-1].value.id == "loss"  # `continue`, `break`, the loss at the end
 
 
 def test_a_function_s_own_variables_are_named_as_the_reason() -> None:

@@ -241,13 +241,14 @@ def test_a_cell_that_raises_before_its_first_step_gets_a_short_report_and_its_er
     assert "profile_step" not in ip.user_ns
 
 
-def test_a_loop_with_a_break_is_profiled_and_says_why_its_step_is_not_lifted(ip) -> None:
+def test_a_loop_that_returns_from_its_function_is_profiled_and_says_why_its_step_is_not_lifted(ip) -> None:
     ip.run_cell(MLP).raise_error()
-    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
-                         "    loss = loss_fn(model(x), y)\n    if loss < 0.01:\n        break\n"
-                         "    loss.backward()\n    opt.step()\n").result
+    ip.run_cell("def train():\n    for x, y in loader:\n        opt.zero_grad()\n"
+                "        loss = loss_fn(model(x), y)\n        if loss < 0.01:\n            return loss\n"
+                "        loss.backward()\n        opt.step()\n").raise_error()
+    result = ip.run_line_magic("gpuprofile", "-o -q --steps 3 --warmup 1 train()")
     assert result.steps == 3
-    assert all(r.name is None and "`break` at line 6" in r.reason for r in result.ready_steps)
+    assert all(r.name is None and "`return` at line 6" in r.reason for r in result.ready_steps)
     assert "profile_step" not in ip.user_ns
 
 
@@ -492,12 +493,13 @@ def test_apply_runs_the_loop_again_with_the_loader_dataprobe_recommends(ip) -> N
 
 def test_apply_says_why_nothing_was_applied_when_the_step_cannot_be_lifted(ip) -> None:
     ip.run_cell(SLOW_DATA).raise_error()
-    result = ip.run_cell("%%gpuprofile -o -q --apply --steps 3 --warmup 1\nfor x, y in loader:\n"
-                         "    opt.zero_grad()\n    loss = nn.functional.cross_entropy(model(x), y)\n"
-                         "    if loss < 0:\n        break\n    loss.backward()\n    opt.step()\n").result
+    ip.run_cell("def train():\n    for x, y in loader:\n        opt.zero_grad()\n"
+                "        loss = nn.functional.cross_entropy(model(x), y)\n        if loss < 0:\n"
+                "            return loss\n        loss.backward()\n        opt.step()\n").raise_error()
+    result = ip.run_line_magic("gpuprofile", "-o -q --apply --steps 3 --warmup 1 train()")
     assert result.applied is not None and result.applied.after is None and result.applied.applied == []
     [(what, why)] = result.applied.left_out
-    assert what == "every fix" and "`break` at line 6" in why
+    assert what == "every fix" and "`return` at line 6" in why
 
 
 @pytest.mark.parametrize(("line", "message"), [
