@@ -242,15 +242,19 @@ class _Probe:
         compiled = any(name.startswith("compile") for name in names)
         self.compiled = self.compiled or compiled
         timed = self._measure_once(names, label, inspect_step, extra_warmup, same_random_numbers=False)
-        if not (compiled and self.setting.has_dropout()) or timed.error is not None:
+        other_masks = compiled or "channels-last" in names
+        if not (other_masks and self.setting.has_dropout()) or timed.error is not None:
             return timed
-        # Compiled dropout draws other masks than eager's, so the updates cannot be compared: the agreement comes
-        # from a second run whose compiled code draws eager's random numbers (slower, so it is not the timing).
+        # Compiled dropout, and dropout on channels_last activations, draw other masks than the baseline's from the
+        # same seed, so the updates cannot be compared: the agreement comes from a second run that draws the
+        # baseline's masks (slower, so it is not the timing).
         checked = self._measure_once(names, f"{label}, checking its numbers", False, 0, same_random_numbers=True)
+        how = ("a second compilation whose dropout draws eager's masks (torch._inductor.config.fallback_random)"
+               if compiled else "a second run whose dropout draws its masks in the baseline's order (on "
+                                "channels_last activations it draws them in memory order)")
         return replace(timed, update=checked.update, losses=checked.losses, scaling=checked.scaling,
                        first_step_skipped=checked.first_step_skipped, loss_note=checked.loss_note, error=checked.error,
-                       notes=[*timed.notes, "its numbers were checked on a second compilation whose dropout draws "
-                                            "eager's masks (torch._inductor.config.fallback_random)"])
+                       notes=[*timed.notes, f"its numbers were checked on {how}"])
 
     def _measure_once(self, names: tuple[str, ...], label: str, inspect_step: bool, extra_warmup: int,
                       same_random_numbers: bool) -> Run:

@@ -227,7 +227,9 @@ class Applied:
     after_call: list[Callable[[], None]] = field(default_factory=list)
     fp16: Fp16Scaling | None = None
     notes: list[str] = field(default_factory=list)
-    same_random_numbers: bool = False  # compiled code draws eager's random numbers (for the agreement run)
+    # Dropout draws the baseline's masks, for the agreement run (compiled: eager's generator; channels_last: the
+    # logical order).
+    same_random_numbers: bool = False
     fp16_init_scale: float | None = None  # where amp-fp16's GradScaler starts; None: GradScaler's own 65536
 
     def call(self, step: Callable[[], Any]) -> Any:
@@ -449,6 +451,8 @@ def _cudnn_benchmark(applied: Applied) -> None:
 def _channels_last(applied: Applied) -> None:
     # The parameter objects stay (Module.to swaps their data); the snapshot restores their layout and bytes.
     torch = applied.setting.torch
+    if applied.same_random_numbers and applied.setting.has_dropout():
+        _dropout_in_logical_order(applied)
     for module in applied.setting.objects.modules:
         module.to(memory_format=torch.channels_last)
     # The optimizer's per-parameter state follows, as it would for an optimizer created after the conversion:
@@ -467,6 +471,25 @@ def optimizer_note(label: str, optimizer: Any, flag: str) -> str:
     """The note saying which implementation an optimizer was switched to ("optD (Adam): fused=True"); the runner
     reads it back to write each optimizer's line to adopt."""
     return f"{label} ({type(optimizer).__name__}): {flag}=True"
+
+
+def _dropout_in_logical_order(applied: Applied) -> None:
+    """Dropout draws its mask in memory order, so on a channels_last activation it zeroes other elements than on the
+    baseline's contiguous one from the same seed (a CNN's update then differs by half, numerics aside). For the
+    agreement run only, dropout on a 4-D channels_last tensor draws on a contiguous copy, as the baseline did, and
+    gives the result back in channels_last."""
+    torch = applied.setting.torch
+    functional = torch.nn.functional
+    original = functional.dropout
+
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if (isinstance(input, torch.Tensor) and input.dim() == 4 and not input.is_contiguous()
+                and input.is_contiguous(memory_format=torch.channels_last)):
+            return original(input.contiguous(), p, training, False).contiguous(memory_format=torch.channels_last)
+        return original(input, p, training, inplace)
+
+    functional.dropout = dropout
+    applied.stack.callback(setattr, functional, "dropout", original)
 
 
 def _fused_optimizer(applied: Applied) -> None:
