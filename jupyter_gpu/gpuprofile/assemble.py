@@ -154,6 +154,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     if lifted.defined:
         namespace[lift.BATCH] = instruments.last_batch
     ready, defined = lifted.steps, lifted.defined
+    models, compiled_models = _models_called(instruments, used)
     result = ProfileResult(
         device=device, device_name=_device_name(torch, device), counted=instruments.mode or ONE_RUN,
         step_seconds=step_seconds, warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
@@ -164,7 +165,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
         gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
         ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses],
-        models=_models_called(instruments, used))
+        models=models, compiled_models=compiled_models)
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):
         total_memory = int(torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory)
@@ -172,12 +173,19 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     return result, defined, loaders
 
 
-def _models_called(instruments: Instruments, used: TrainingObjects) -> list[str]:
-    """The notebook's names of the models the loop called, in the order it first called them; those with
-    parameters only (a loss module has nothing to compile)."""
+def _models_called(instruments: Instruments, used: TrainingObjects) -> tuple[list[str], list[str]]:
+    """The notebook's names of the models the loop called, in the order it first called them, those with
+    parameters only (a loss module has nothing to compile); and those of them already compiled."""
     modules = {id(module): module for module in used.modules if id(module) in used.labels}
-    return [used.labels[called] for called in instruments.called_modules
-            if called in modules and any(True for _ in modules[called].parameters())]
+    called = [modules[key] for key in instruments.called_modules
+              if key in modules and any(True for _ in modules[key].parameters())]
+    compiled = [module for module in called if _compiled(module)]
+    return [used.labels[id(module)] for module in called], [used.labels[id(module)] for module in compiled]
+
+
+def _compiled(module: Any) -> bool:
+    """torch.compile(model) (an OptimizedModule) or model.compile()."""
+    return hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
 
 
 def _accumulation(instruments: Instruments) -> int:

@@ -121,6 +121,12 @@ class Instruments:
         self.kernel_steps = 0
         self.timeline_error: str | None = None
 
+    def _elsewhere(self) -> bool:
+        """Not the user's loop running: code torch.compile is tracing (our hooks and wrappers are traced as no-ops
+        there: anything more, a thread id read, would break the user's compiled graph and change what is
+        measured), or another thread (a DataLoader's pin-memory thread, a logger)."""
+        return bool(self.torch.compiler.is_compiling()) or threading.get_ident() != self._main
+
     # -- installing ------------------------------------------------------------------------------------------
     def install(self) -> None:
         torch = self.torch
@@ -256,7 +262,7 @@ class Instruments:
 
     # -- optimizer -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() != self._main:
+        if self._elsewhere():
             return
         if self.stop_pending and id(optimizer) == self.lead_optimizer:
             self.stopped = True
@@ -264,7 +270,7 @@ class Instruments:
         self._enter_phase(OPTIMIZER)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if threading.get_ident() != self._main:
+        if self._elsewhere():
             return
         self._leave_phase(OPTIMIZER)
         self.optimizer_steps += 1
@@ -288,7 +294,7 @@ class Instruments:
         instruments = self
 
         def __next__(iterator: Any) -> Any:
-            if threading.get_ident() != instruments._main:
+            if instruments._elsewhere():
                 return original(iterator)
             if instruments.stop_pending:
                 instruments.stopped = True
@@ -323,7 +329,7 @@ class Instruments:
 
     # -- forward / backward ------------------------------------------------------------------------------------
     def _forward_pre(self, module: Any, args: Any) -> None:
-        if threading.get_ident() != self._main:
+        if self._elsewhere():
             return
         self.timeline.current.module_calls += 1
         if self._forward_depth == 0:
@@ -332,7 +338,7 @@ class Instruments:
         self._forward_depth += 1
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        if threading.get_ident() != self._main or self._forward_depth == 0:
+        if self._elsewhere() or self._forward_depth == 0:
             return
         self._forward_depth -= 1
         if self._forward_depth == 0:
@@ -342,7 +348,7 @@ class Instruments:
         instruments = self
 
         def phase(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != instruments._main:
+            if instruments._elsewhere():
                 return original(*args, **kwargs)
             instruments._enter_phase(bucket)
             if bucket == BACKWARD and args and isinstance(args[0], instruments.torch.Tensor) and args[0].numel() == 1:
@@ -374,7 +380,7 @@ class Instruments:
         instruments = self
 
         def read(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != instruments._main or instruments._in_read:
+            if instruments._elsewhere() or instruments._in_read:
                 return original(*args, **kwargs)
             site = instruments._read_site(args[0] if tensor_arg and args else None)
             if site is None:
@@ -398,7 +404,7 @@ class Instruments:
 
         def __getitem__(tensor: Any, index: Any) -> Any:
             masks = index if isinstance(index, tuple) else (index,)
-            if (instruments._in_read or threading.get_ident() != instruments._main
+            if (instruments._in_read or instruments._elsewhere()
                     or not any(isinstance(m, tensor_type) and m.dtype == boolean for m in masks)):
                 return original(tensor, index)
             return instruments._read_wrapper(original, "boolean mask")(tensor, index)
@@ -436,7 +442,7 @@ class Instruments:
         instruments = self
 
         def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != instruments._main or instruments._in_read:
+            if instruments._elsewhere() or instruments._in_read:
                 return original(tensor, *args, **kwargs)
             timeline = instruments.timeline
             timeline.enter(COPIES)
@@ -468,7 +474,7 @@ class Instruments:
 
     # -- garbage collection --------------------------------------------------------------------------------------
     def _gc_callback(self, phase: str, info: dict[str, Any]) -> None:
-        if threading.get_ident() != self._main:
+        if self._elsewhere():
             return
         if phase == "start":
             self.timeline.enter(GC)

@@ -82,9 +82,12 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
                 f"forward+backward+optimizer {format_seconds(compute)} per step at "
                 f"{share:.0%} of what a big {result.compute} matmul reaches here; mixed precision, channels_last, "
                 "fused optimizers and torch.compile are measured by %speedprobe" if share is not None else "")
-    if result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute:
+    # Models already compiled are not told to compile; when every model the loop called is, fusion is done.
+    uncompiled = [model for model in result.models if model not in result.compiled_models]
+    if (result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute
+            and (uncompiled or not result.models)):
         add("memory-bound operators (fusion candidates)", compute * result.memory_bound_share,
-            f"{compile_lines(result.models)}  (or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
+            f"{compile_lines(uncompiled)}  (or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
             f"{result.memory_bound_share:.0%} of operator time in operators below the ridge point")
     timeline = result.gpu_timeline
     if timeline is not None and timeline.launch_bound:

@@ -178,8 +178,10 @@ def render_text(result: ProfileResult) -> str:
                 lines.append(f"     {item.detail}")
             lines.append(f"     → {item.command}")
     if result.operators:
+        compiled = bool(result.models) and set(result.models) <= set(result.compiled_models)
+        why = "the models the loop called are already compiled" if compiled else "candidates for torch.compile"
         share = "" if result.memory_bound_share is None else \
-            f"; {result.memory_bound_share:.0%} of operator time is memory-bound (candidates for torch.compile)"
+            f"; {result.memory_bound_share:.0%} of operator time is memory-bound ({why})"
         lines += ["", f"Top operators over one counted step{share}:"]
         lines += table_text(_operator_rows(result), OPERATOR_HEADINGS[1:6])
     if result.applied is not None:

@@ -262,6 +262,7 @@ class ProfileResult(RichResult):
     applied: AppliedFixes | None = None          # --apply's before and after
     losses: list[float] = field(default_factory=list)  # the loss at each profiled step
     models: list[str] = field(default_factory=list)    # the notebook's names of the models the loop called
+    compiled_models: list[str] = field(default_factory=list)  # those of them already torch.compile'd
     defined_in: str = "the notebook"                   # where the ready steps were defined
 
     @property

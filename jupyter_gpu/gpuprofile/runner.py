@@ -12,6 +12,7 @@ import functools
 import gc
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,9 @@ class Profiled:
     value: Any = None
     error: BaseException | None = None
     defined: list[str] = field(default_factory=list)  # names the profile defined in the namespace
+
+
+_COMPILED_MODULE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
 def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
@@ -103,7 +107,11 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     began = time.perf_counter()
     try:
         instruments.install()
-        value = run()
+        with warnings.catch_warnings():
+            # Our global module hooks make torch warn at every call of a torch.compile'd model that they fire for
+            # its wrapper too: they are ours, counted once (the outermost call), and traced as no-ops inside.
+            warnings.filterwarnings("ignore", message=_COMPILED_MODULE_HOOKS_WARNING, category=UserWarning)
+            value = run()
         instruments.finish()
     except StopProfile as stop:
         # The loop's frames hold its DataLoader iterator: clearing them shuts the workers down now.

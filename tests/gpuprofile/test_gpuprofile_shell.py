@@ -600,3 +600,21 @@ def test_profile_training_lifts_a_module_function_s_loop_and_says_where_its_read
     mine: dict = {}
     result = profile_training(train_lib.train_one_epoch, model, loader, optimizer, steps=3, warmup=1, namespace=mine)
     assert result.defined_in == "the namespace passed to profile_training" and callable(mine["profile_train_step"])
+
+
+def test_a_compiled_model_is_profiled_without_breaking_its_graph_or_being_told_to_compile(ip, recwarn) -> None:
+    # torch.compile traces the global module hooks and tensor wrappers the profile installs: they must be no-ops
+    # there (a thread-id read broke the graph at every module and warned twice), and a compiled model is not a
+    # fusion candidate to compile again.
+    from torch._dynamo.utils import counters
+
+    ip.run_cell(MLP + "model = torch.compile(model, backend='eager')\nmodel(torch.randn(2, 32))\n").raise_error()
+    counters.clear()
+    result = ip.run_cell(
+        "%%gpuprofile -o -q --steps 4 --warmup 2\nfor x, y in loader:\n    h = model(x)\n    h = h[:, :10]\n"
+        "    loss = loss_fn(h, y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n").result
+    assert result.steps == 4
+    assert result.models == ["model"] and result.compiled_models == ["model"]
+    assert dict(counters["graph_break"]) == {}
+    assert not any("global hooks" in str(w.message) or "get_ident" in str(w.message) for w in recwarn.list)
+    assert not any("torch.compile(model)" in item.command for item in result.plan)
