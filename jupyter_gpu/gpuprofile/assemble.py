@@ -146,13 +146,20 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
             not_measured.append(f"MFU: {_device_name(torch, device)} has no {compute} peak in the table "
                                 "(peak unknown); the measured ceiling applies.")
     overhead = _overhead(torch, profiled)
-    loaders = loaders_seen(namespace, instruments.samplers, torch.utils.data.DataLoader)
-    lifted = lift.ready_steps(loop_source, instruments.loop_sites, namespace, loaders,
-                              accumulation=_accumulation(instruments), batch=instruments.last_batch,
+    # The loop that trains, not an evaluation loop beside it: its sites, its loader first, a batch it trained on.
+    trained = instruments.trained_sites
+    sites = {site: count for site, count in instruments.loop_sites.items() if site in trained} if trained \
+        else instruments.loop_sites
+    first = [instruments.site_samplers[site] for site in sites if site in instruments.site_samplers]
+    samplers = first + [sampler for sampler in instruments.samplers if not any(sampler is s for s in first)]
+    loaders = loaders_seen(namespace, samplers, torch.utils.data.DataLoader)
+    batch = instruments.trained_batch if trained else instruments.last_batch
+    lifted = lift.ready_steps(loop_source, sites, namespace, loaders,
+                              accumulation=_accumulation(instruments, sites), batch=batch,
                               scopes=instruments.loop_scopes) if step_seconds else lift.Lifted([])
     lift.define(lifted, namespace)
     if lifted.defined:
-        namespace[lift.BATCH] = instruments.last_batch
+        namespace[lift.BATCH] = batch
     ready, defined = lifted.steps, lifted.defined
     models, compiled_models = _models_called(instruments, used)
     result = ProfileResult(
@@ -188,11 +195,13 @@ def _compiled(module: Any) -> bool:
     return hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
 
 
-def _accumulation(instruments: Instruments) -> int:
-    """DataLoader batches per optimizer step (gradient accumulation), from what the loop did."""
-    if not instruments.optimizer_steps or not instruments.batches:
+def _accumulation(instruments: Instruments, sites: dict[tuple[str, int], int]) -> int:
+    """DataLoader batches per optimizer step (gradient accumulation), from what the training loop's sites fetched
+    (an evaluation loop's batches are not the step's)."""
+    batches = sum(sites.values())
+    if not instruments.optimizer_steps or not batches:
         return 1
-    return max(1, round(instruments.batches / instruments.optimizer_steps))
+    return max(1, round(batches / instruments.optimizer_steps))
 
 
 def _ceiling(torch: Any, device: str, compute: str, notes: list[str], not_measured: list[str],

@@ -101,6 +101,12 @@ class Instruments:
         self.sites: dict[tuple[str, int], SyncSite] = {}
         self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
         self.loop_scopes: dict[tuple[str, int], LoopScope] = {}  # of those inside a function
+        # The sites whose batch an optimizer step followed (not an evaluation loop's), with how many steps did; the
+        # sampler of each site; and the batch the last optimizer step trained on.
+        self.trained_sites: dict[tuple[str, int], int] = {}
+        self.site_samplers: dict[tuple[str, int], Any] = {}
+        self.trained_batch: Any = None
+        self._last_site: tuple[str, int] | None = None
         self.samplers: list[Any] = []  # the index sampler of each DataLoader that yielded (names it afterwards)
         self.last_batch: Any = None
         self.batch_size: int | None = None
@@ -274,6 +280,9 @@ class Instruments:
             return
         self._leave_phase(OPTIMIZER)
         self.optimizer_steps += 1
+        if self._last_site is not None:
+            self.trained_sites[self._last_site] = self.trained_sites.get(self._last_site, 0) + 1
+            self.trained_batch = self.last_batch
         if self.lead_optimizer is None:
             self.lead_optimizer = id(optimizer)
             self.mode = OPTIMIZER_STEPS
@@ -319,9 +328,12 @@ class Instruments:
                 instruments.timeline.leave()
             instruments.batches += 1
             instruments.last_batch = batch
+            instruments._last_site = site
             sampler = getattr(iterator, "_index_sampler", None)
             if sampler is not None and not any(seen is sampler for seen in instruments.samplers):
                 instruments.samplers.append(sampler)
+            if sampler is not None:
+                instruments.site_samplers.setdefault(site, sampler)
             if instruments.batch_size is None:
                 instruments.batch_size = _batch_size(instruments.torch, batch)
             return batch
@@ -531,18 +543,19 @@ def _is_pinned(tensor: Any) -> bool:
 
 
 def loaders_seen(namespace: dict[str, Any], samplers: list[Any], loader_type: type) -> list[str]:
-    """The notebook's names for the DataLoaders that yielded batches. An iterator keeps no reference to its
-    loader, but it shares the loader's index sampler (`DataLoader._index_sampler`)."""
-    found = []
+    """The notebook's names for the DataLoaders that yielded batches, in the order of `samplers`. An iterator keeps
+    no reference to its loader, but it shares the loader's index sampler (`DataLoader._index_sampler`)."""
+    named: list[tuple[int, str]] = []
     for name, value in namespace.items():
         if isinstance(value, loader_type) and not name.startswith("_"):
             try:
                 sampler = value._index_sampler
             except AttributeError:
                 continue
-            if any(sampler is seen for seen in samplers):
-                found.append(name)
-    return found
+            position = next((i for i, seen in enumerate(samplers) if seen is sampler), None)
+            if position is not None:
+                named.append((position, name))
+    return [name for _, name in sorted(named, key=lambda pair: pair[0])]
 
 
 def _batch_size(torch: Any, batch: Any) -> int | None:

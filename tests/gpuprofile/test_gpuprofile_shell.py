@@ -618,3 +618,44 @@ def test_a_compiled_model_is_profiled_without_breaking_its_graph_or_being_told_t
     assert dict(counters["graph_break"]) == {}
     assert not any("global hooks" in str(w.message) or "get_ident" in str(w.message) for w in recwarn.list)
     assert not any("torch.compile(model)" in item.command for item in result.plan)
+
+
+def test_an_evaluation_loop_in_the_cell_is_not_the_one_lifted_nor_counted_as_accumulation(ip) -> None:
+    # Validation after each epoch, with more batches than training has (and its loader defined first): the ready
+    # steps are the training loop's, one batch per optimizer step, on a batch it trained on.
+    ip.run_cell("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+val_loader = DataLoader(TensorDataset(torch.randn(384, 32), torch.randint(0, 4, (384,))), batch_size=32)
+train_loader = DataLoader(TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,))), batch_size=16,
+                          shuffle=True)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.Adam(model.parameters())
+""").raise_error()
+    result = ip.run_cell("""%%gpuprofile -o -q --steps 8 --warmup 2
+for epoch in range(6):
+    model.train()
+    for x, y in train_loader:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for x, y in val_loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+""").result
+    assert result.counted == "optimizer steps" and result.steps == 8
+    assert result.ready_steps[0].command == "%dataprobe train_loader --step profile_step"
+    assert "line 4" in ip.user_ns["profile_step"].__doc__
+    assert ip.user_ns["profile_batch"][0].shape == (16, 32)  # a training batch, not a validation one
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
+    try:
+        ip.run_cell("profile_train_step()").raise_error()
+    finally:
+        handle.remove()
+    assert len(steps) == 1
