@@ -46,6 +46,17 @@ for epoch in range(5):
 """
 
 
+def optimizer_steps_of(ip, cell: str) -> int:
+    """How many optimizer steps running `cell` took (torch's global optimizer-step hook)."""
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
+    try:
+        ip.run_cell(cell).raise_error()
+    finally:
+        handle.remove()
+    return len(steps)
+
+
 def state_of(ns: dict) -> dict:
     return {"model": {k: v.clone() for k, v in ns["model"].state_dict().items()},
             "opt": repr(ns["opt"].state_dict()), "scheduler": ns["scheduler"].state_dict(),
@@ -196,13 +207,7 @@ def test_a_transformer_with_gradient_accumulation_and_dict_batches_counts_optimi
     assert all(torch.equal(before[k], v) for k, v in ip.user_ns["model"].state_dict().items())
     train = next(r for r in result.ready_steps if r.probe == "%speedprobe")
     assert "range(4)" in train.code
-    steps = []
-    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
-    try:
-        ip.run_cell("profile_train_step()").raise_error()
-    finally:
-        handle.remove()
-    assert steps == [1]  # four micro-batches, one optimizer step, as in the loop
+    assert optimizer_steps_of(ip, "profile_train_step()") == 1  # four micro-batches, one step, as in the loop
     # The linear layers alone (in_proj, out_proj, two feed-forward, head; every input gradient, since the
     # embedding's output needs one) are 3 x 2 x 96 tokens x 11,392 weights; attention comes on top of that, counted
     # on the CPU with torch's sdpa formula.
@@ -652,10 +657,4 @@ for epoch in range(6):
     assert result.ready_steps[0].command == "%dataprobe train_loader --step profile_step"
     assert "line 4" in ip.user_ns["profile_step"].__doc__
     assert ip.user_ns["profile_batch"][0].shape == (16, 32)  # a training batch, not a validation one
-    steps = []
-    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
-    try:
-        ip.run_cell("profile_train_step()").raise_error()
-    finally:
-        handle.remove()
-    assert len(steps) == 1
+    assert optimizer_steps_of(ip, "profile_train_step()") == 1
