@@ -231,6 +231,9 @@ def _applied_text(applied: AppliedFixes) -> list[str]:
         lines += table_text(_applied_rows(applied), ("before", "after"))
         if applied.speedup is not None:
             lines.append(f"  {applied.speedup:.2f}x per step, measured on your loop")
+        if applied.runs_each > 1:
+            lines.append(f"  each measured {applied.runs_each} times, back to back (before, after, after, before), "
+                         "from the same state")
         if applied.loss_difference is not None:
             lines.append(f"  the losses of the two runs (same state, same batches) differ by at most "
                          f"{applied.loss_difference:.2%} step by step")

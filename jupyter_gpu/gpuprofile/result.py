@@ -179,9 +179,33 @@ class RunFigures:
     data_share: float | None
     sync_share: float | None
     losses: list[float] = field(default_factory=list)  # the loss at each profiled step, as backward() saw it
+    step_seconds: list[float] = field(default_factory=list)  # each profiled step (of every run pooled)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def pooled(runs: list[RunFigures]) -> RunFigures:
+        """Several runs of one configuration as one: the mean step, the rates scaled to it, the mean shares, the
+        highest peak, the first run's losses (each run starts from the same state, so they are the same steps)."""
+        first = runs[0]
+        seconds = [run.seconds for run in runs if run.seconds]
+        mean = sum(seconds) / len(seconds) if seconds else None
+        scale = first.seconds / mean if first.seconds and mean else None
+
+        def scaled(value: float | None) -> float | None:
+            return value * scale if value is not None and scale is not None else None
+
+        def mean_of(values: list[float | None]) -> float | None:
+            known = [value for value in values if value is not None]
+            return sum(known) / len(known) if known else None
+
+        peaks = [run.peak_memory for run in runs if run.peak_memory is not None]
+        return RunFigures(seconds=mean, samples_per_second=scaled(first.samples_per_second), mfu=scaled(first.mfu),
+                          of_ceiling=scaled(first.of_ceiling), peak_memory=max(peaks) if peaks else None,
+                          data_share=mean_of([run.data_share for run in runs]),
+                          sync_share=mean_of([run.sync_share for run in runs]), losses=list(first.losses),
+                          step_seconds=[step for run in runs for step in run.step_seconds])
 
 
 @dataclass(frozen=True)
@@ -194,6 +218,7 @@ class AppliedFixes:
     code: list[str]
     before: RunFigures
     after: RunFigures | None
+    runs_each: int = 1  # how many times each was run, back to back (before, after, after, before for 2)
 
     @property
     def speedup(self) -> float | None:
@@ -213,7 +238,7 @@ class AppliedFixes:
         return {"applied": list(self.applied), "left_out": [list(item) for item in self.left_out],
                 "checked": list(self.checked), "code": list(self.code), "before": self.before.to_dict(),
                 "after": self.after.to_dict() if self.after else None, "speedup": self.speedup,
-                "loss_difference": self.loss_difference}
+                "loss_difference": self.loss_difference, "runs_each": self.runs_each}
 
 
 @dataclass(frozen=True)
@@ -303,7 +328,7 @@ class ProfileResult(RichResult):
         return RunFigures(seconds=self.seconds, samples_per_second=self.samples_per_second, mfu=self.mfu,
                           of_ceiling=self.of_ceiling, peak_memory=self.peak_memory,
                           data_share=data.share if data else None, sync_share=sync.share if sync else None,
-                          losses=list(self.losses))
+                          losses=list(self.losses), step_seconds=list(self.step_seconds))
 
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}

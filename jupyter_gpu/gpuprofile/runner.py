@@ -45,6 +45,7 @@ class Profiled:
     defined: list[str] = field(default_factory=list)  # names the profile defined in the namespace
 
 
+APPLY_ORDER = (False, True, True, False)  # --apply: the loop without (False) and with (True) the fixes
 _COMPILED_MODULE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
@@ -158,30 +159,37 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
     from dataclasses import replace
 
     from jupyter_gpu.gpuprofile.apply import applied_run, choose_fixes
-    from jupyter_gpu.gpuprofile.result import AppliedFixes
+    from jupyter_gpu.gpuprofile.result import AppliedFixes, RunFigures
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
     fixes = choose_fixes(torch, namespace, before, loaders, compile_too=request.compile,
                          data_seconds=request.data_seconds, progress=progress)
-    after = None
+    figures: dict[bool, list[RunFigures]] = {False: [], True: []}
     if fixes.options or fixes.loader:
         objects = find_training_objects(namespace)
-        snapshot, flags = StateSnapshot.take(objects), GlobalFlags.take(torch)
         device = objects.device() or torch.device("cpu")
-        try:
-            second = profile_run(applied_run(torch, namespace, fixes, objects, device, run),
-                                 replace(request, apply=False, keep=False), namespace=namespace,
-                                 loop_source=loop_source, progress=progress)
-        finally:
-            snapshot.restore()  # the layout channels_last changed, the fused flags: bitwise as before
-            flags.restore(torch)
-        if second.error is not None:
-            fixes.left_out.append(("the run with the fixes", f"it raised {type(second.error).__name__}: "
-                                                             f"{second.error}"))
-        else:
-            after = second.result.figures()
+        # The loop as it is and with the fixes, back to back and twice each in the order before, after, after,
+        # before, so a drift of the machine's speed (the probes just ran; a shared machine) falls on both alike:
+        # the first profile, taken before the probes, is not what the fixes are measured against.
+        for fixed in APPLY_ORDER:
+            snapshot, flags = StateSnapshot.take(objects), GlobalFlags.take(torch)
+            try:
+                measured = profile_run(applied_run(torch, namespace, fixes, objects, device, run) if fixed else run,
+                                       replace(request, apply=False, keep=False), namespace=namespace,
+                                       loop_source=loop_source, progress=progress)
+            finally:
+                snapshot.restore()  # the layout channels_last changed, the fused flags: bitwise as before
+                flags.restore(torch)
+            if measured.error is not None:
+                what = "the run with the fixes" if fixed else "the run without them"
+                fixes.left_out.append((what, f"it raised {type(measured.error).__name__}: {measured.error}"))
+                figures[True].clear()
+                break
+            figures[fixed].append(measured.result.figures())
+    after = RunFigures.pooled(figures[True]) if figures[True] else None
+    before_figures = RunFigures.pooled(figures[False]) if after is not None else before.figures()
     applied = AppliedFixes(applied=fixes.titles, left_out=fixes.left_out, checked=fixes.checked, code=fixes.code,
-                           before=before.figures(), after=after)
+                           before=before_figures, after=after, runs_each=len(figures[True]) if after else 1)
     return replace(before, applied=applied)
 
 

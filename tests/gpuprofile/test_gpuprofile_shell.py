@@ -485,6 +485,9 @@ def test_apply_runs_the_loop_again_with_the_loader_dataprobe_recommends(ip) -> N
     assert applied.after.data_share * applied.after.seconds < applied.before.data_share * applied.before.seconds
     assert applied.speedup is not None and applied.speedup > 1.3  # a sleep-bound loader: workers overlap the sleeps
     assert len(applied.before.losses) == len(applied.after.losses) == 8
+    # Measured back to back, before, after, after, before: each from two runs of the 8 steps.
+    assert applied.runs_each == 2 and len(applied.before.step_seconds) == len(applied.after.step_seconds) == 16
+    assert "each measured 2 times, back to back (before, after, after, before)" in str(result)
     assert any("DataLoader(" in line for line in applied.code)
     assert ip.user_ns["loader"] is ip.user_ns["user_loader"]  # the notebook's own loader is back
     assert all(torch.equal(before[k], v) for k, v in ip.user_ns["model"].state_dict().items())
