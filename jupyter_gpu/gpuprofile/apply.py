@@ -39,6 +39,7 @@ class FixPlan:
     checked: list[str] = field(default_factory=list)              # what was measured to decide
     titles: list[str] = field(default_factory=list)               # the applied fixes, as the report names them
     code: list[str] = field(default_factory=list)                 # the lines that adopt them in the user's code
+    interrupted: str | None = None                 # Ctrl-C came while this probe measured: apply nothing, stop
 
 
 def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, loaders: list[str], *,
@@ -60,6 +61,9 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
     except SpeedProbeError as exc:
         plan.left_out.append(("precision, layout, fused optimizers", f"%speedprobe could not run: {exc}"))
         speed = None
+    if speed is not None and speed.interrupted:
+        plan.interrupted = "%speedprobe"  # what it measured is partial: the user asked to stop, not to go on
+        return plan
     if speed is not None:
         plan.checked.append(f"%speedprobe {TRAIN_STEP} --try {','.join(options)} --steps {PROBE_STEPS}")
         chosen = speed.best.members if speed.best is not None else ()
@@ -91,6 +95,9 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
         plan.checked.append(f"%dataprobe {name} --step {DATA_STEP} --seconds {data_seconds:g}")
         probe = run_dataprobe(namespace[name], namespace[DATA_STEP], DataProbeRequest(seconds=data_seconds),
                               loader_name=name, step_name=DATA_STEP, namespace=namespace, progress=progress)
+        if probe.interrupted:
+            plan.interrupted = "%dataprobe"
+            return plan
         if probe.recommended_settings is not None and probe.recommended_settings != probe.current:
             plan.loader, plan.loader_settings, plan.loader_code = name, probe.recommended_settings, probe.code()
             plan.titles.append(f"{name}: {probe.recommended_settings.label()}")

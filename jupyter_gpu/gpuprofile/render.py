@@ -226,14 +226,18 @@ def _applied_rows(applied: AppliedFixes) -> list[tuple[str, ...]]:
 
 
 def _applied_text(applied: AppliedFixes) -> list[str]:
-    lines = [f"  applied: {'; '.join(applied.applied) or 'nothing (no fix helped and agreed)'}"]
+    if applied.interrupted:
+        lines = [f"  interrupted (Ctrl-C) during {applied.interrupted}: nothing applied, the state put back"]
+    else:
+        lines = [f"  applied: {'; '.join(applied.applied) or 'nothing (no fix helped and agreed)'}"]
     if applied.after is not None:
         lines += table_text(_applied_rows(applied), ("before", "after"))
         if applied.speedup is not None:
             lines.append(f"  {applied.speedup:.2f}x per step, measured on your loop")
         if applied.runs_each > 1:
+            pairs = " and ".join(f"{speedup:.2f}x" for speedup in applied.pair_speedups)
             lines.append(f"  each measured {applied.runs_each} times, back to back (before, after, after, before), "
-                         "from the same state")
+                         f"from the same state; the two pairs gave {pairs}")
         if applied.loss_difference is not None:
             lines.append(f"  the losses of the two runs (same state, same batches) differ by at most "
                          f"{applied.loss_difference:.2%} step by step")

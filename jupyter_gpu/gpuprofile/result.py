@@ -180,6 +180,7 @@ class RunFigures:
     sync_share: float | None
     losses: list[float] = field(default_factory=list)  # the loss at each profiled step, as backward() saw it
     step_seconds: list[float] = field(default_factory=list)  # each profiled step (of every run pooled)
+    run_seconds: list[float] = field(default_factory=list)   # each run's typical step, in the order they ran
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,7 +206,8 @@ class RunFigures:
                           of_ceiling=scaled(first.of_ceiling), peak_memory=max(peaks) if peaks else None,
                           data_share=mean_of([run.data_share for run in runs]),
                           sync_share=mean_of([run.sync_share for run in runs]), losses=list(first.losses),
-                          step_seconds=[step for run in runs for step in run.step_seconds])
+                          step_seconds=[step for run in runs for step in run.step_seconds],
+                          run_seconds=[second for run in runs for second in run.run_seconds])
 
 
 @dataclass(frozen=True)
@@ -219,12 +221,22 @@ class AppliedFixes:
     before: RunFigures
     after: RunFigures | None
     runs_each: int = 1  # how many times each was run, back to back (before, after, after, before for 2)
+    interrupted: str | None = None  # where Ctrl-C stopped --apply ("%speedprobe", "the runs"): nothing applied
 
     @property
     def speedup(self) -> float | None:
         if self.after is None or not self.before.seconds or not self.after.seconds:
             return None
         return self.before.seconds / self.after.seconds
+
+    @property
+    def pair_speedups(self) -> list[float]:
+        """The speed-up of each back-to-back pair (the first run before with the first after, and so on): how much
+        the measurement moved between them."""
+        if self.after is None:
+            return []
+        return [before / after for before, after in zip(self.before.run_seconds, self.after.run_seconds,
+                                                         strict=False) if after]
 
     @property
     def loss_difference(self) -> float | None:
@@ -238,7 +250,9 @@ class AppliedFixes:
         return {"applied": list(self.applied), "left_out": [list(item) for item in self.left_out],
                 "checked": list(self.checked), "code": list(self.code), "before": self.before.to_dict(),
                 "after": self.after.to_dict() if self.after else None, "speedup": self.speedup,
-                "loss_difference": self.loss_difference, "runs_each": self.runs_each}
+                "loss_difference": self.loss_difference, "runs_each": self.runs_each,
+                "pair_speedups": self.pair_speedups,
+                "interrupted": self.interrupted}
 
 
 @dataclass(frozen=True)
@@ -328,7 +342,8 @@ class ProfileResult(RichResult):
         return RunFigures(seconds=self.seconds, samples_per_second=self.samples_per_second, mfu=self.mfu,
                           of_ceiling=self.of_ceiling, peak_memory=self.peak_memory,
                           data_share=data.share if data else None, sync_share=sync.share if sync else None,
-                          losses=list(self.losses), step_seconds=list(self.step_seconds))
+                          losses=list(self.losses), step_seconds=list(self.step_seconds),
+                          run_seconds=[self.seconds] if self.seconds else [])
 
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -143,6 +143,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
                             "what existed before the cell is put back).")
     if request.apply and error is None and not request.keep:
         result = _apply(torch, run, request, namespace, loop_source, progress, result, loaders)
+        if result.applied is not None and result.applied.interrupted:
+            error = KeyboardInterrupt()  # shown with what was measured, then raised: "Run all" stops here
     profiled = Profiled(result=result, value=value, error=error, defined=defined)
     # After a cell that raised, this frame outlives the call: the cell's frames in the re-raised traceback point back
     # to it (`f_back`), and IPython keeps that traceback until the next error. So nothing of the run may be left in
@@ -165,7 +167,8 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
     fixes = choose_fixes(torch, namespace, before, loaders, compile_too=request.compile,
                          data_seconds=request.data_seconds, progress=progress)
     figures: dict[bool, list[RunFigures]] = {False: [], True: []}
-    if fixes.options or fixes.loader:
+    interrupted = fixes.interrupted
+    if not interrupted and (fixes.options or fixes.loader):
         objects = find_training_objects(namespace)
         device = objects.device() or torch.device("cpu")
         # The loop as it is and with the fixes, back to back and twice each in the order before, after, after,
@@ -180,6 +183,10 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
             finally:
                 snapshot.restore()  # the layout channels_last changed, the fused flags: bitwise as before
                 flags.restore(torch)
+            if isinstance(measured.error, KeyboardInterrupt):
+                interrupted = "the runs before and after"
+                figures[True].clear()
+                break
             if measured.error is not None:
                 what = "the run with the fixes" if fixed else "the run without them"
                 fixes.left_out.append((what, f"it raised {type(measured.error).__name__}: {measured.error}"))
@@ -188,8 +195,9 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
             figures[fixed].append(measured.result.figures())
     after = RunFigures.pooled(figures[True]) if figures[True] else None
     before_figures = RunFigures.pooled(figures[False]) if after is not None else before.figures()
-    applied = AppliedFixes(applied=fixes.titles, left_out=fixes.left_out, checked=fixes.checked, code=fixes.code,
-                           before=before_figures, after=after, runs_each=len(figures[True]) if after else 1)
+    applied = AppliedFixes(applied=[] if interrupted else fixes.titles, left_out=fixes.left_out,
+                           checked=fixes.checked, code=[] if interrupted else fixes.code, before=before_figures,
+                           after=after, runs_each=len(figures[True]) if after else 1, interrupted=interrupted)
     return replace(before, applied=applied)
 
 

@@ -68,3 +68,44 @@ def test_ctrl_c_shows_the_partial_profile_puts_everything_back_and_stops_the_wor
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+APPLY = """%%gpuprofile --steps 3 --warmup 1 --apply
+for epoch in range(10):
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+"""
+
+
+def test_ctrl_c_during_apply_stops_it_shows_the_profile_puts_everything_back_and_stops_the_workers() -> None:
+    # Ctrl-C while --apply's %speedprobe measures: the cell stops there (it went on to %dataprobe and four runs of
+    # the loop, and ended without an error, so "Run all" went on too).
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        run(client, SETUP)
+        interrupted = {"sent": False}
+
+        def interrupt_while_probing(message: dict) -> None:
+            content = message["content"]
+            text = content.get("data", {}).get("text/plain", "") + content.get("text", "")
+            if not interrupted["sent"] and "speedprobe profile_train_step" in text:
+                manager.interrupt_kernel()
+                interrupted["sent"] = True
+
+        seen = run(client, APPLY, on_message=interrupt_while_probing)
+        assert interrupted["sent"]
+        shown = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "display_data"
+                 and m["content"]["data"].get("text/plain", "").startswith("gpuprofile:")]
+        assert shown and "interrupted (Ctrl-C) during %speedprobe: nothing applied" in shown[-1], shown
+        assert "measured with: %dataprobe" not in shown[-1]  # it did not go on to the next probe
+        errors = [m["content"]["ename"] for m in seen if m["msg_type"] == "error"]
+        assert errors == ["KeyboardInterrupt"]
+        output = "".join(m["content"].get("text", "") for m in run(client, CHECK) if m["msg_type"] == "stream")
+        assert "unchanged True" in output and "adam state 0" in output, output
+        assert "workers 0" in output, output
+        assert "hooks TensorBase.item torch.autograd" in output, output
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
