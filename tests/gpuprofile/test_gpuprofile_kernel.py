@@ -4,7 +4,7 @@ the DataLoader's worker processes are gone, and the kernel goes on."""
 from __future__ import annotations
 
 from jupyter_client.manager import start_new_kernel
-from kernel_messages import run
+from kernel_messages import error_names, printed, run, run_interrupted, shown, text_of
 
 SETUP = """
 %load_ext jupyter_gpu
@@ -46,28 +46,21 @@ def test_ctrl_c_shows_the_partial_profile_puts_everything_back_and_stops_the_wor
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         run(client, SETUP)
-        interrupted = {"sent": False}
-
-        def interrupt_while_profiling(message: dict) -> None:
-            data = message["content"].get("data", {}).get("text/plain", "")
-            if not interrupted["sent"] and "profiled step" in data:
-                manager.interrupt_kernel()
-                interrupted["sent"] = True
-
-        seen = run(client, LOOP, on_message=interrupt_while_profiling)
-        assert interrupted["sent"]
-        shown = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "display_data"
-                 and m["content"]["data"].get("text/plain", "").startswith("gpuprofile:")]
-        assert shown and "(interrupted)" in shown[-1] and "Interrupted after" in shown[-1]
-        errors = [m["content"]["ename"] for m in seen if m["msg_type"] == "error"]
-        assert errors == ["KeyboardInterrupt"]  # "Run all" stops here
-        output = "".join(m["content"].get("text", "") for m in run(client, CHECK) if m["msg_type"] == "stream")
-        assert "unchanged True" in output and "adam state 0" in output, output
-        assert "workers 0" in output, output
-        assert "hooks TensorBase.item torch.autograd" in output, output
+        seen = run_interrupted(manager, client, LOOP, when=lambda message: "profiled step" in text_of(message))
+        profiles = shown(seen, "gpuprofile:")
+        assert profiles and "(interrupted)" in profiles[-1] and "Interrupted after" in profiles[-1]
+        assert error_names(seen) == ["KeyboardInterrupt"]  # "Run all" stops here
+        assert_all_put_back(run(client, CHECK))
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def assert_all_put_back(seen: list[dict]) -> None:
+    output = printed(seen)
+    assert "unchanged True" in output and "adam state 0" in output, output
+    assert "workers 0" in output, output
+    assert "hooks TensorBase.item torch.autograd" in output, output
 
 
 APPLY = """%%gpuprofile --steps 3 --warmup 1 --apply
@@ -85,27 +78,13 @@ def test_ctrl_c_during_apply_stops_it_shows_the_profile_puts_everything_back_and
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         run(client, SETUP)
-        interrupted = {"sent": False}
-
-        def interrupt_while_probing(message: dict) -> None:
-            content = message["content"]
-            text = content.get("data", {}).get("text/plain", "") + content.get("text", "")
-            if not interrupted["sent"] and "speedprobe profile_train_step" in text:
-                manager.interrupt_kernel()
-                interrupted["sent"] = True
-
-        seen = run(client, APPLY, on_message=interrupt_while_probing)
-        assert interrupted["sent"]
-        shown = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "display_data"
-                 and m["content"]["data"].get("text/plain", "").startswith("gpuprofile:")]
-        assert shown and "interrupted (Ctrl-C) during %speedprobe: nothing applied" in shown[-1], shown
-        assert "measured with: %dataprobe" not in shown[-1]  # it did not go on to the next probe
-        errors = [m["content"]["ename"] for m in seen if m["msg_type"] == "error"]
-        assert errors == ["KeyboardInterrupt"]
-        output = "".join(m["content"].get("text", "") for m in run(client, CHECK) if m["msg_type"] == "stream")
-        assert "unchanged True" in output and "adam state 0" in output, output
-        assert "workers 0" in output, output
-        assert "hooks TensorBase.item torch.autograd" in output, output
+        seen = run_interrupted(manager, client, APPLY,
+                               when=lambda message: "speedprobe profile_train_step" in text_of(message))
+        profiles = shown(seen, "gpuprofile:")
+        assert profiles and "interrupted (Ctrl-C) during %speedprobe: nothing applied" in profiles[-1], profiles
+        assert "measured with: %dataprobe" not in profiles[-1]  # it did not go on to the next probe
+        assert error_names(seen) == ["KeyboardInterrupt"]
+        assert_all_put_back(run(client, CHECK))
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from jupyter_client.manager import start_new_kernel
-from kernel_messages import run
+from kernel_messages import error_names, printed, run, run_interrupted, shown
 
 SETUP = """
 %load_ext jupyter_gpu
@@ -46,26 +44,16 @@ def test_ctrl_c_shows_what_was_measured_and_leaves_no_worker_behind() -> None:
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         run(client, SETUP)
-        interrupted = {"sent": False}
-
-        def interrupt_once_workers_run(message: dict) -> None:
-            text = message["content"].get("data", {}).get("text/plain", "")
-            if not interrupted["sent"] and message["msg_type"].endswith("display_data") and "worker" in text \
-                    and "sweep" in text:
-                time.sleep(0.5)  # inside the trial: its workers are running
-                manager.interrupt_kernel()
-                interrupted["sent"] = True
-
-        seen = run(client, "%dataprobe loader --step train_step --workers 0,1,2 --seconds 20",
-                   on_message=interrupt_once_workers_run)
-        assert interrupted["sent"]
-        shown = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "display_data"
-                 and m["content"]["data"].get("text/plain", "").startswith("dataprobe loader")]
-        assert shown and "interrupted" in shown[0]
-        assert "loader alone" in shown[0] and "together" in shown[0]  # the measurements made before Ctrl-C
-        errors = [m["content"]["ename"] for m in seen if m["msg_type"] == "error"]
-        assert errors == ["KeyboardInterrupt"]  # "Run all" stops here
-        output = "".join(m["content"].get("text", "") for m in run(client, CHECK) if m["msg_type"] == "stream")
+        # Ctrl-C half a second into the sweep's trial with workers: its workers are running.
+        seen = run_interrupted(
+            manager, client, "%dataprobe loader --step train_step --workers 0,1,2 --seconds 20", pause=0.5,
+            when=lambda message: message["msg_type"].endswith("display_data")
+            and "worker" in (text := message["content"].get("data", {}).get("text/plain", "")) and "sweep" in text)
+        results = shown(seen, "dataprobe loader")
+        assert results and "interrupted" in results[0]
+        assert "loader alone" in results[0] and "together" in results[0]  # the measurements made before Ctrl-C
+        assert error_names(seen) == ["KeyboardInterrupt"]  # "Run all" stops here
+        output = printed(run(client, CHECK))
         assert "children []" in output and "unchanged True" in output, output
     finally:
         client.stop_channels()

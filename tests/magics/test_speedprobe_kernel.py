@@ -4,7 +4,7 @@ flags are back, and the kernel goes on."""
 from __future__ import annotations
 
 from jupyter_client.manager import start_new_kernel
-from kernel_messages import run
+from kernel_messages import error_names, printed, run, run_interrupted, shown
 
 SETUP = """
 %load_ext jupyter_gpu
@@ -40,25 +40,15 @@ def test_ctrl_c_shows_what_was_measured_and_puts_everything_back() -> None:
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         run(client, SETUP)
-        interrupted = {"sent": False}
-
-        def interrupt_inside_the_fp16_trial(message: dict) -> None:
-            data = message["content"].get("data", {}).get("text/plain", "")
-            # Shown as the fp16 trial starts (the line updates at once after a pause, then once a second).
-            if not interrupted["sent"] and "amp-fp16" in data:
-                manager.interrupt_kernel()  # GradScaler wrapper, patched backward and autocast are all in place
-                interrupted["sent"] = True
-
-        seen = run(client, "%speedprobe train_step --try amp-bf16,amp-fp16,fused-optimizer --steps 6",
-                   on_message=interrupt_inside_the_fp16_trial)
-        assert interrupted["sent"]
-        shown = [m["content"]["data"]["text/plain"] for m in seen if m["msg_type"] == "display_data"
-                 and m["content"]["data"].get("text/plain", "").startswith("speedprobe train_step")]
-        assert shown and "interrupted" in shown[-1]
-        assert "bf16 autocast" in shown[-1]  # measured before Ctrl-C
-        errors = [m["content"]["ename"] for m in seen if m["msg_type"] == "error"]
-        assert errors == ["KeyboardInterrupt"]  # "Run all" stops here
-        output = "".join(m["content"].get("text", "") for m in run(client, CHECK) if m["msg_type"] == "stream")
+        # Ctrl-C as the fp16 trial starts: GradScaler wrapper, patched backward and autocast are all in place.
+        seen = run_interrupted(
+            manager, client, "%speedprobe train_step --try amp-bf16,amp-fp16,fused-optimizer --steps 6",
+            when=lambda message: "amp-fp16" in message["content"].get("data", {}).get("text/plain", ""))
+        results = shown(seen, "speedprobe train_step")
+        assert results and "interrupted" in results[-1]
+        assert "bf16 autocast" in results[-1]  # measured before Ctrl-C
+        assert error_names(seen) == ["KeyboardInterrupt"]  # "Run all" stops here
+        output = printed(run(client, CHECK))
         assert "unchanged True" in output and "moments True" in output, output
         assert "autocast False backward Tensor.backward" in output and "step False" in output, output
     finally:
