@@ -18,7 +18,8 @@ of the profiled steps (goal at most 3x), torch.profiler's step against the unpro
 table took to build, and what each says first.
 
 Then `--apply`'s reproducibility (goal: its measured speed-up within 10% between two runs): each loop under
-`%%gpuprofile --apply` twice, from the same state, with what each run applied and the speed-up it measured.
+`%%gpuprofile --apply` twice, from the same state, with what each run applied and the speed-up it measured (with
+the speed-up of each of its two back-to-back pairs).
 
     .venv/bin/python bench/bench_gpuprofile.py [--steps 20] [--warmup 5] [--no-apply] [--markdown]
 """
@@ -216,8 +217,9 @@ def main() -> None:
     print_table(("loop", "%%gpuprofile: fix first", "torch.profiler: top self-CPU row"), firsts, args.markdown)
     if args.apply:
         print()
-        print_table(("loop", "applied (run 1)", "speed-up run 1", "applied (run 2)", "speed-up run 2", "difference",
-                     "seconds per --apply"), apply_twice(ip, args.steps, args.warmup), args.markdown)
+        print_table(("loop", "applied (run 1)", "speed-up run 1 (its pairs)", "applied (run 2)",
+                     "speed-up run 2 (its pairs)", "difference", "seconds per --apply"),
+                    apply_twice(ip, args.steps, args.warmup), args.markdown)
 
 
 def apply_twice(ip, steps: int, warmup: int) -> list[tuple[str, ...]]:
@@ -235,9 +237,10 @@ def apply_twice(ip, steps: int, warmup: int) -> list[tuple[str, ...]]:
         (first, seconds_1), (second, seconds_2) = runs
         speedups = [fixes.speedup for fixes in (first, second)]
         difference = (f"{abs(speedups[0] / speedups[1] - 1):.1%}" if all(speedups) else "-")
-        rows.append((name, "; ".join(first.applied) or "nothing", f"{speedups[0]:.2f}x" if speedups[0] else "-",
-                     "; ".join(second.applied) or "nothing", f"{speedups[1]:.2f}x" if speedups[1] else "-",
-                     difference, f"{seconds_1:.0f} s, {seconds_2:.0f} s"))
+        shown = [f"{fixes.speedup:.2f}x ({', '.join(f'{pair:.2f}' for pair in fixes.pair_speedups)})"
+                 if fixes.speedup else "-" for fixes in (first, second)]
+        rows.append((name, "; ".join(first.applied) or "nothing", shown[0], "; ".join(second.applied) or "nothing",
+                     shown[1], difference, f"{seconds_1:.0f} s, {seconds_2:.0f} s"))
     return rows
 
 
