@@ -29,6 +29,8 @@ DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step",
 _FACTORY = "_make_profile_step"  # for a loop inside a function: makes profile_step, closing over its variables
 # Wrappers that yield what they wrap: `for x in tqdm(loader)`, `for i, x in enumerate(loader)`.
 _PASS_THROUGH = {"tqdm", "track", "trange", "iter"}
+# Iterating these gives each step a batch from several loaders; the profile keeps the last batch only.
+_SEVERAL = {"zip", "zip_longest", "product"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class _LoopBody:
     counter: str | None            # a name counting the batches (enumerate's, or `for step in range(...)`)
     statements: list[ast.stmt]     # the body, without the statement that fetched the batch
     fetch_lines: range             # where the loop asked for a batch: the `for` line, or its `next()` statement
+    why_not: str | None = None     # why it cannot be lifted, whatever its body (batches from several loaders)
 
 
 def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
@@ -69,8 +72,12 @@ def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
     found: list[_LoopBody] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and node.lineno in lines:
-            target, counter = _unwrap(node)
-            found.append(_LoopBody(node.lineno, target, counter, node.body, range(node.lineno, node.lineno + 1)))
+            target, counter, iterable = _unwrap(node)
+            several = (f"the loop at line {node.lineno} takes each batch from several loaders at once (`zip`), so "
+                       "its step needs one batch of each" if isinstance(iterable, ast.Call)
+                       and _name(iterable.func) in _SEVERAL else None)
+            found.append(_LoopBody(node.lineno, target, counter, node.body, range(node.lineno, node.lineno + 1),
+                                   several))
         elif isinstance(node, (ast.For, ast.While)):
             # (A loop over a loader that also fetches from another one keeps that fetch in its body, above.)
             for statement in node.body:
@@ -112,8 +119,9 @@ def _name(node: ast.expr) -> str | None:
     return None
 
 
-def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None]:
-    """The batch target and the loop counter's name (from `enumerate`), through tqdm-like wrappers."""
+def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None, ast.expr]:
+    """The batch target, the loop counter's name (from `enumerate`) and what is iterated, through tqdm-like
+    wrappers."""
     target, iterable, counter = loop.target, loop.iter, None
     while isinstance(iterable, ast.Call) and iterable.args:
         called = _name(iterable.func)
@@ -124,7 +132,7 @@ def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None]:
         elif called not in _PASS_THROUGH:
             break
         iterable = iterable.args[0]
-    return target, counter
+    return target, counter, iterable
 
 
 class _LoopExitsEndTheStep(ast.NodeTransformer):
@@ -267,7 +275,7 @@ def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], 
         return Lifted(_templates(loader, "the loop over the DataLoader is not in the profiled code (it runs in a "
                                          "function defined elsewhere)"))
     loop.statements = _without_stop_guards(loop.statements)
-    blocked = _blocked(loop.statements)
+    blocked = loop.why_not or _blocked(loop.statements)
     if blocked is not None:
         return Lifted(_templates(loader, blocked))
     site = next((site for site in (scopes or {}) if site[0] == filename and site[1] in loop.fetch_lines), None)

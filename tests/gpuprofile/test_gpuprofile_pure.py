@@ -354,6 +354,15 @@ def test_a_leading_max_steps_guard_is_left_out_and_the_loops_other_breaks_end_th
     assert len(returns) == 3 and function.body[-1].value.id == "loss"  # `continue`, `break`, the loss at the end
 
 
+def test_a_loop_over_two_zipped_loaders_is_not_lifted_and_says_why() -> None:
+    # Each step takes a batch from each loader; the profile keeps only the last batch fetched, so a lifted step
+    # would unpack one batch as two.
+    text = ("for (x, y), (u, _) in zip(labelled, unlabelled):\n    loss = loss_fn(model(x), y) + model(u).mean()\n"
+            "    loss.backward()\n    opt.step()\n")
+    steps, defined = lift_from(text, 1, {"model": 1, "opt": 1, "loss_fn": 1, "labelled": 1, "unlabelled": 1})
+    assert defined == [] and all("several loaders at once (`zip`)" in (step.reason or "") for step in steps)
+
+
 def test_a_function_s_own_variables_are_named_as_the_reason() -> None:
     text = """def train_one_epoch(net, data, optimizer):
     for x, y in data:

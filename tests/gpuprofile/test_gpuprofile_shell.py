@@ -7,6 +7,7 @@ lines, the FLOPs, the ready steps working, and everything the cell changed put b
 from __future__ import annotations
 
 import gc
+import importlib.util
 import multiprocessing
 import re
 import time
@@ -581,8 +582,7 @@ for epoch in range(3):
     assert run.result.to_dict()["models"] == ["G", "D"]
 
 
-def test_profile_training_lifts_a_module_function_s_loop_and_says_where_its_ready_steps_are(
-        tmp_path, monkeypatch) -> None:
+def test_profile_training_lifts_a_module_function_s_loop_and_says_where_its_ready_steps_are(tmp_path) -> None:
     from jupyter_gpu.gpuprofile.runner import profile_training
 
     # A training function in the user's own .py, reading its loss from the module's globals.
@@ -592,8 +592,11 @@ def test_profile_training_lifts_a_module_function_s_loop_and_says_where_its_read
         "    for i, (x, y) in enumerate(loader):\n        optimizer.zero_grad()\n"
         "        loss = criterion(model(x), y)\n        loss.backward()\n        optimizer.step()\n"
         "        running += loss.item()\n    return running\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import train_lib
+    # Loaded outside sys.modules: the ready steps go into the module and close over the model, and must not stay
+    # where later tests (and %gpumem's walk of the loaded modules) would find them.
+    spec = importlib.util.spec_from_file_location("train_lib", tmp_path / "train_lib.py")
+    train_lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_lib)
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 3)
@@ -618,13 +621,16 @@ def test_a_compiled_model_is_profiled_without_breaking_its_graph_or_being_told_t
     from torch._dynamo.utils import counters
 
     ip.run_cell(MLP + "model = torch.compile(model, backend='eager')\nmodel(torch.randn(2, 32))\n").raise_error()
-    counters.clear()
-    result = ip.run_cell(
-        "%%gpuprofile -o -q --steps 4 --warmup 2\nfor x, y in loader:\n    h = model(x)\n    h = h[:, :10]\n"
-        "    loss = loss_fn(h, y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n").result
+    breaks = dict(counters["graph_break"])
+    try:
+        result = ip.run_cell(
+            "%%gpuprofile -o -q --steps 4 --warmup 2\nfor x, y in loader:\n    h = model(x)\n    h = h[:, :10]\n"
+            "    loss = loss_fn(h, y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n").result
+        assert dict(counters["graph_break"]) == breaks
+    finally:
+        torch._dynamo.reset()  # no compiled code of this test left for the next one in this process
     assert result.steps == 4
     assert result.models == ["model"] and result.compiled_models == ["model"]
-    assert dict(counters["graph_break"]) == {}
     assert not any("global hooks" in str(w.message) or "get_ident" in str(w.message) for w in recwarn.list)
     assert not any("torch.compile(model)" in item.command for item in result.plan)
 
