@@ -25,9 +25,7 @@ from typing import Any
 
 from jupyter_gpu.dataprobe.result import WorkerMemory
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-
-# Batches are walked this deep for tensors (a dict of tuples of tensors is depth 3).
-_MAX_BATCH_DEPTH = 6
+from jupyter_gpu.probekit.batch_structure import leaves, mapped
 
 
 class LoaderError(ValueError):
@@ -200,18 +198,10 @@ def _generator_access(value: Any) -> tuple[Callable[[], Any], Callable[[Any], No
 # -- batches --------------------------------------------------------------------------------------------------
 
 
-def _tensors(batch: Any, depth: int = 0) -> Iterator[Any]:
+def _tensors(batch: Any) -> Iterator[Any]:
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif depth < _MAX_BATCH_DEPTH:
-        if isinstance(batch, dict):
-            for value in batch.values():
-                yield from _tensors(value, depth + 1)
-        elif isinstance(batch, list | tuple):
-            for value in batch:
-                yield from _tensors(value, depth + 1)
+    return (value for value in leaves(batch) if isinstance(value, torch.Tensor))
 
 
 def batch_samples(batch: Any, items: int | None) -> int:
@@ -241,26 +231,12 @@ def batch_bytes(batch: Any) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in _tensors(batch))
 
 
-def to_device(batch: Any, device: Any, *, non_blocking: bool = False, depth: int = 0) -> Any:
-    """The batch with every tensor on `device`, the structure (tuple, list, dict, namedtuple) kept."""
+def to_device(batch: Any, device: Any, *, non_blocking: bool = False) -> Any:
+    """The batch with every tensor on `device`, its structure kept (probekit.batch_structure)."""
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if depth >= _MAX_BATCH_DEPTH:
-        return batch
-    if isinstance(batch, dict):
-        moved = {key: to_device(value, device, non_blocking=non_blocking, depth=depth + 1)
-                 for key, value in batch.items()}
-        try:
-            return type(batch)(moved)  # OrderedDict and other mappings built from a dict keep their type
-        except TypeError:
-            return moved
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(to_device(value, device, non_blocking=non_blocking, depth=depth + 1) for value in batch))
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(value, device, non_blocking=non_blocking, depth=depth + 1) for value in batch)
-    return batch
+    return mapped(batch, lambda value: value.to(device, non_blocking=non_blocking)
+                  if isinstance(value, torch.Tensor) else value)
 
 
 # -- worker processes -----------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from jupyter_gpu.gpuprofile.result import (
 )
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.batch_structure import first_dimension
 
 TIMELINE_STEPS = 3  # steps under torch.profiler for the kernel timeline (CUDA only), after the counted step
 
@@ -559,14 +560,5 @@ def loaders_seen(namespace: dict[str, Any], samplers: list[Any], loader_type: ty
 
 
 def _batch_size(torch: Any, batch: Any) -> int | None:
-    """Samples in a batch: dim 0 of its first tensor (a tensor, a tuple or list, or a dict of them)."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else None
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            found = _batch_size(torch, item)
-            if found is not None:
-                return found
-    return None
+    """Samples in a batch: dim 0 of its first tensor, whatever holds it (probekit.batch_structure)."""
+    return first_dimension(batch, torch.Tensor)
