@@ -105,6 +105,9 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
             text += f", {ceiling.bandwidth / 1e9:.3g} GB/s on a big copy"
         if result.of_ceiling is not None:
             text += f"; the step reaches {result.of_ceiling:.0%} of it"
+        elif result.beyond_ceiling:
+            text += (f"; the step ran faster than that, so it is no ceiling: this {_device_word(result)} has no fast "
+                     f"{ceiling.compute} matmul for big matrices")
         rows.append(("measured ceiling", text + f" (measured in {format_seconds(ceiling.seconds)})"))
     timeline = result.gpu_timeline
     if timeline is not None:

@@ -269,6 +269,9 @@ class ReadyStep:
         return asdict(self)
 
 
+CEILING_SLACK = 1.1  # a step this much faster than the measured matmul ceiling shows it is no ceiling
+
+
 @dataclass(frozen=True, repr=False)  # RichResult's short repr, not every field
 class ProfileResult(RichResult):
     renderer: ClassVar[str] = "jupyter_gpu.gpuprofile.render"
@@ -326,9 +329,20 @@ class ProfileResult(RichResult):
 
     @property
     def of_ceiling(self) -> float | None:
-        """Achieved FLOP/s over what this device reached on a big matmul in the same format."""
+        """Achieved FLOP/s over what this device reached on a big matmul in the same format; None where the step ran
+        faster than that matmul (`beyond_ceiling`), which then was no ceiling."""
         achieved = self.achieved_flops
-        return achieved / self.ceiling.matmul_flops if achieved and self.ceiling else None
+        if not achieved or not self.ceiling or self.beyond_ceiling:
+            return None
+        return achieved / self.ceiling.matmul_flops
+
+    @property
+    def beyond_ceiling(self) -> bool:
+        """The step computed faster than the big matmul in its format did (by more than the 10% two timings may
+        differ): a device without a fast path for that format (fp16 on a CPU: 0.0004 TFLOP/s on a 2048 matmul,
+        while the step's small ones ran 400 times faster) has no ceiling to compare with."""
+        achieved = self.achieved_flops
+        return bool(achieved and self.ceiling and achieved > CEILING_SLACK * self.ceiling.matmul_flops)
 
     @property
     def samples_per_second(self) -> float | None:

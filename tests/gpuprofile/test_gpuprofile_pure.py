@@ -482,6 +482,21 @@ def test_a_small_memory_footprint_points_at_batchprobe() -> None:
     assert any(item.command == "%batchprobe STEP" for item in result.plan)
 
 
+def test_a_step_faster_than_the_big_matmul_in_its_format_has_no_ceiling_to_compare_with() -> None:
+    # fp16 autocast on a CPU: the big fp16 matmul ran at 0.0004 TFLOP/s, the step's small ones 400 times faster;
+    # "401% of this CPU's fp16 matmul ceiling" was the report.
+    slow = Ceiling("cpu", "fp16", 0.4e9, 20e9, 0.1)
+    result = with_plan(profile(device="cpu", compute="fp16", flops=int(1.6e7), ceiling=slow, gpu_busy=None),
+                       loaders=[], total_memory=None)  # 1.6e7 FLOP in 0.1 s: 0.16 GFLOP/s... 0.4x the matmul
+    assert result.of_ceiling == pytest.approx(0.4) and not result.beyond_ceiling
+    faster = with_plan(replace(result, flops=int(1.6e9)), loaders=[], total_memory=None)  # 16 GFLOP/s: 40x it
+    assert faster.beyond_ceiling and faster.of_ceiling is None
+    text = str(faster)
+    assert "matmul ceiling" not in text.splitlines()[0] and "%" not in text.split("measured ceiling")[1].split("\n")[0]
+    assert "it is no ceiling: this CPU has no fast fp16 matmul for big matrices" in text
+    assert not any(item.cause.startswith("compute below") for item in faster.plan)
+
+
 def test_speedup_ceiling() -> None:
     assert speedup_ceiling(0.1, 0.05) == pytest.approx(2.0)
     assert speedup_ceiling(0.1, 0.0) is None and speedup_ceiling(0.1, 0.2) is None
