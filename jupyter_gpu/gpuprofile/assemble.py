@@ -21,6 +21,7 @@ from jupyter_gpu.gpuprofile.result import (
     FORWARD,
     ONE_RUN,
     OPTIMIZER,
+    OPTIMIZER_STEPS,
     Bucket,
     Ceiling,
     Copies,
@@ -29,6 +30,7 @@ from jupyter_gpu.gpuprofile.result import (
     Sync,
     middle_half,
 )
+from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.training_state import TrainingObjects
 
@@ -155,7 +157,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     loaders = loaders_seen(namespace, samplers, torch.utils.data.DataLoader)
     batch = instruments.trained_batch if trained else instruments.last_batch
     lifted = lift.ready_steps(loop_source, sites, namespace, loaders,
-                              accumulation=_accumulation(instruments, sites), batch=batch,
+                              accumulation=_accumulation(instruments, sites, profiled), batch=batch,
                               scopes=instruments.loop_scopes) if step_seconds else lift.Lifted([])
     lift.define(lifted, namespace)
     if lifted.defined:
@@ -195,9 +197,16 @@ def _compiled(module: Any) -> bool:
     return hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
 
 
-def _accumulation(instruments: Instruments, sites: dict[tuple[str, int], int]) -> int:
-    """DataLoader batches per optimizer step (gradient accumulation), from what the training loop's sites fetched
-    (an evaluation loop's batches are not the step's)."""
+def _accumulation(instruments: Instruments, sites: dict[tuple[str, int], int], profiled: list[StepRecord]) -> int:
+    """DataLoader batches per optimizer step (gradient accumulation): the median over the profiled steps of the
+    batches the training loop's sites fetched in each (an evaluation loop's batches are not the step's, and a
+    GradScaler that skipped early steps while it found its scale does not make one batch look like two)."""
+    if instruments.mode != OPTIMIZER_STEPS:
+        return 1
+    counts = [sum(batches for site, batches in record.batches.items() if site in sites) for record in profiled]
+    counts = [count for count in counts if count]
+    if counts:
+        return max(1, round(statistics.median(counts)))
     batches = sum(sites.values())
     if not instruments.optimizer_steps or not batches:
         return 1

@@ -146,6 +146,9 @@ class Instruments:
                        module_hooks.register_module_forward_hook(self._forward_post, always_call=True)):
             self._undo.append(handle.remove)
         self._wrap(loaders._BaseDataLoaderIter, "__next__", self._next_wrapper)
+        scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler is not None:
+            self._wrap(scaler, "step", self._scaler_step_wrapper)
         self._wrap(torch.autograd, "backward", lambda original: self._phase_wrapper(original, BACKWARD))
         self._wrap(torch.autograd, "grad", lambda original: self._phase_wrapper(original, BACKWARD))
         tensor = torch.Tensor
@@ -280,6 +283,26 @@ class Instruments:
         if self._elsewhere():
             return
         self._leave_phase(OPTIMIZER)
+        self._stepped(optimizer)
+
+    def _scaler_step_wrapper(self, original: Any) -> Callable[..., Any]:
+        instruments = self
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if instruments._elsewhere():
+                return original(scaler, optimizer, *args, **kwargs)
+            before = instruments.optimizer_steps
+            result = original(scaler, optimizer, *args, **kwargs)
+            if instruments.optimizer_steps == before:
+                # The scaler skipped the optimizer's step (inf or NaN gradients while it finds its scale): still one
+                # training step of the loop, not a batch of an evaluation loop nor of gradient accumulation.
+                instruments._stepped(optimizer)
+            return result
+        step.__wrapped__ = original  # type: ignore[attr-defined]
+        return step
+
+    def _stepped(self, optimizer: Any) -> None:
+        """An optimizer step of the loop ended (or its GradScaler skipped it)."""
         self.optimizer_steps += 1
         if self._last_site is not None:
             self.trained_sites[self._last_site] = self.trained_sites.get(self._last_site, 0) + 1
@@ -328,6 +351,8 @@ class Instruments:
             finally:
                 instruments.timeline.leave()
             instruments.batches += 1
+            batches = instruments.timeline.current.batches
+            batches[site] = batches.get(site, 0) + 1
             instruments.last_batch = batch
             instruments._last_site = site
             sampler = getattr(iterator, "_index_sampler", None)
@@ -533,6 +558,8 @@ def _add_into(total: StepRecord, record: StepRecord) -> None:
     total.blocking_copies += record.blocking_copies
     total.events += record.events
     total.module_calls += record.module_calls
+    for site, batches in record.batches.items():
+        total.batches[site] = total.batches.get(site, 0) + batches
     total.losses.extend(record.losses)
 
 

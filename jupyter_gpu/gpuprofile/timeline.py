@@ -30,6 +30,7 @@ class StepRecord:
     blocking_copies: int = 0
     events: int = 0  # hook calls made in this step, for the overhead estimate
     module_calls: int = 0
+    batches: dict[tuple[str, int], int] = field(default_factory=dict)  # DataLoader batches, by the loop site
     losses: list = field(default_factory=list)  # the scalars backward() ran from (detached; read after the run)
 
 

@@ -668,3 +668,32 @@ for epoch in range(6):
     assert "line 4" in ip.user_ns["profile_step"].__doc__
     assert ip.user_ns["profile_batch"][0].shape == (16, 32)  # a training batch, not a validation one
     assert optimizer_steps_of(ip, "profile_train_step()") == 1
+
+
+def test_a_grad_scaler_that_skips_its_first_steps_is_not_taken_for_gradient_accumulation(ip) -> None:
+    # fp16 autocast with a GradScaler started far too high: it skips optimizer steps (inf gradients) while it halves
+    # its scale, so the run saw more batches than optimizer steps. One batch is still one step of this loop.
+    ip.run_cell("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)
+loader = DataLoader(TensorDataset(torch.randn(2048, 16) * 100, torch.randint(0, 4, (2048,))), batch_size=16)
+""").raise_error()
+    result = ip.run_cell("""%%gpuprofile -o -q --steps 4 --warmup 1
+for x, y in loader:
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+""").result
+    # Its skipped steps are the loop's steps too (before, the profile counted batches, as for an evaluation loop).
+    assert result.counted == "optimizer steps" and result.steps == 4 and result.compute == "fp16"
+    train = next(r for r in result.ready_steps if r.probe == "%speedprobe")
+    assert "range(" not in train.code  # no accumulation window
+    assert optimizer_steps_of(ip, "scaler = torch.amp.GradScaler('cpu', init_scale=1.0)\nprofile_train_step()") == 1
