@@ -157,7 +157,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
 def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespace: dict[str, Any],
            loop_source: lift.LoopSource | None, progress: Progress | None, before: ProfileResult,
            loaders: list[str]) -> ProfileResult:
-    """--apply: the probes choose and check the fixes, then the loop runs again with them, from the same state."""
+    """--apply: the probes choose and check the fixes, then the loop runs as it is and with them, back to back
+    (APPLY_ORDER), every run from the same state. Ctrl-C during any of it applies nothing (`.interrupted`)."""
     from dataclasses import replace
 
     from jupyter_gpu.gpuprofile.apply import applied_run, choose_fixes
