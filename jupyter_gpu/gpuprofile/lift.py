@@ -63,6 +63,9 @@ class _LoopBody:
     statements: list[ast.stmt]     # the body, without the statement that fetched the batch
     fetch_lines: range             # where the loop asked for a batch: the `for` line, or its `next()` statement
     why_not: str | None = None     # why it cannot be lifted, whatever its body (batches from several loaders)
+    # The grad and precision contexts the loop runs in (`with torch.inference_mode():` around an evaluation loop,
+    # `with torch.autocast(...):` around a training one): the step runs its body in them too.
+    contexts: list[ast.withitem] = field(default_factory=list)
 
 
 def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
@@ -70,6 +73,7 @@ def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
     line), or a loop whose body fetches them itself (`batch = next(data_iter)`, also inside a `try` that makes a
     new iterator on StopIteration)."""
     found: list[_LoopBody] = []
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and node.lineno in lines:
             target, counter, iterable = _unwrap(node)
@@ -88,7 +92,31 @@ def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
                                and isinstance(node.iter, ast.Call) and _name(node.iter.func) == "range" else None)
                     rest = [other for other in node.body if other is not statement]
                     found.append(_LoopBody(node.lineno, fetched, counter, rest, span))
-    return max(found, key=lambda body: body.fetch_lines.start) if found else None
+    if not found:
+        return None
+    chosen = max(found, key=lambda body: body.fetch_lines.start)
+    loop = next(node for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While))
+                and node.lineno == chosen.line)
+    chosen.contexts = _enclosing_contexts(loop, parents)
+    return chosen
+
+
+# The contexts that change how the step computes, not what it touches: re-entered on each call of the step.
+_COMPUTE_CONTEXTS = {"no_grad", "inference_mode", "enable_grad", "set_grad_enabled", "autocast"}
+
+
+def _enclosing_contexts(node: ast.AST, parents: dict[int, ast.AST]) -> list[ast.withitem]:
+    """The grad and autocast `with` items around `node`, outermost first, up to its function or cell. Others (an
+    open file, a profiler) are left out: entering them again on each call would repeat what they do."""
+    items: list[ast.withitem] = []
+    parent = parents.get(id(node))
+    while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if isinstance(parent, ast.With):
+            items[:0] = [item for item in parent.items if item.optional_vars is None
+                         and isinstance(item.context_expr, ast.Call)
+                         and _name(item.context_expr.func) in _COMPUTE_CONTEXTS]
+        parent = parents.get(id(parent))
+    return items
 
 
 def _fetched(statement: ast.stmt) -> ast.expr | None:
@@ -341,10 +369,13 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
         # The loop counter, counted per call as the loop counted it (logging, gradient accumulation).
         calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
         body.extend(calls)
-    body.extend(_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(loop.statements))
+    statements = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(loop.statements)]
     loss = _loss_name(loop.statements)
     if loss is not None:
-        body.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load())))
+        statements.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load())))
+    if loop.contexts:
+        statements = [ast.With(items=copy.deepcopy(loop.contexts), body=statements, lineno=0)]
+    body.extend(statements)
     function = ast.FunctionDef(
         name=DATA_STEP, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=parameter)], kwonlyargs=[],
                                            kw_defaults=[], defaults=[]),

@@ -363,6 +363,17 @@ def test_a_loop_over_two_zipped_loaders_is_not_lifted_and_says_why() -> None:
     assert defined == [] and all("several loaders at once (`zip`)" in (step.reason or "") for step in steps)
 
 
+def test_the_step_runs_in_the_grad_and_autocast_contexts_around_the_loop_but_not_in_others() -> None:
+    text = ("with open('log.txt', 'w') as log, torch.inference_mode():\n    with torch.autocast('cpu'):\n"
+            "        for x, y in loader:\n            correct = (model(x).argmax(1) == y).sum()\n")
+    steps, defined = lift_from(text, 3, {"model": 1, "loader": 1, "torch": 1})
+    assert defined
+    function = ast.parse(steps[0].code).body[0]
+    [block] = [node for node in function.body if isinstance(node, ast.With)]
+    assert [ast.unparse(item) for item in block.items] == ["torch.inference_mode()", "torch.autocast('cpu')"]
+    assert "open(" not in steps[0].code  # re-opening the log on every call would empty it
+
+
 def test_a_function_s_own_variables_are_named_as_the_reason() -> None:
     text = """def train_one_epoch(net, data, optimizer):
     for x, y in data:

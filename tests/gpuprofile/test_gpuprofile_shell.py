@@ -697,3 +697,14 @@ for x, y in loader:
     train = next(r for r in result.ready_steps if r.probe == "%speedprobe")
     assert "range(" not in train.code  # no accumulation window
     assert optimizer_steps_of(ip, "scaler = torch.amp.GradScaler('cpu', init_scale=1.0)\nprofile_train_step()") == 1
+
+
+def test_an_evaluation_loop_under_inference_mode_gets_a_step_that_runs_under_it_too(ip) -> None:
+    # Its batches are inference tensors: the lifted body outside inference_mode raised "Inference tensors cannot
+    # be saved for backward" in %speedprobe and in profile_train_step() itself.
+    ip.run_cell(CNN.replace("num_workers=2", "num_workers=0") + "model.eval()\n").raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\ncorrect = 0\nwith torch.inference_mode():\n"
+                         "    for x, y in loader:\n        correct += (model(x).argmax(1) == y).sum().item()\n").result
+    assert result.counted == "DataLoader batches" and result.steps == 3
+    assert "with torch.inference_mode():" in result.ready_steps[0].code
+    ip.run_cell("profile_train_step(); profile_sized_step(5)").raise_error()
