@@ -37,6 +37,8 @@ def test_a_dataclass_batch_with_per_sample_ids_is_resized_field_by_field() -> No
     resized = resize_batch(batch, 5)
     assert type(resized) is Batch and resized.y.tolist() == [5, 6, 7, 5, 6] and resized.ids == list("abcab")
     assert first_dimension(batch, torch.Tensor) == 3
+    ids = resize_batch((torch.zeros(3, 2), ("a", "b", "c")), 4)[1]
+    assert ids == ("a", "b", "c", "a")  # per-sample names in a tuple too
 
 
 def test_a_mapping_that_is_not_a_dict_keeps_its_type_and_nested_parts_are_reached() -> None:

@@ -24,9 +24,9 @@ def resize_batch(batch: Any, size: int) -> Any:
         if isinstance(value, torch.Tensor):
             return value[index.to(value.device)] if value.dim() and value.shape[0] == samples else value
         inner = parts(value)
-        if isinstance(value, list) and len(value) == samples and not any(
-                isinstance(item, torch.Tensor) or parts(item) for item in value):
-            return [value[i % samples] for i in range(size)]  # per-sample labels, file names
+        if (isinstance(value, list | tuple) and not hasattr(value, "_fields") and len(value) == samples
+                and not any(isinstance(item, torch.Tensor) or parts(item) for item in value)):
+            return type(value)(value[i % samples] for i in range(size))  # per-sample labels, file names
         if not inner or depth >= MAX_DEPTH:
             return value
         return rebuilt(value, [resized(item, depth + 1) for item in inner])
