@@ -32,7 +32,7 @@ from jupyter_gpu.gpuprofile.result import (
 )
 from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
-from jupyter_gpu.probekit.training_state import TrainingObjects
+from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how
 
 TOP_OPERATORS = 10
 # The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the
@@ -183,18 +183,12 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
 
 
 def _models_called(instruments: Instruments, used: TrainingObjects) -> tuple[list[str], list[str]]:
-    """The notebook's names of the models the loop called, in the order it first called them, those with
-    parameters only (a loss module has nothing to compile); and those of them already compiled."""
-    modules = {id(module): module for module in used.modules if id(module) in used.labels}
-    called = [modules[key] for key in instruments.called_modules
-              if key in modules and any(True for _ in modules[key].parameters())]
-    compiled = [module for module in called if _compiled(module)]
-    return [used.labels[id(module)] for module in called], [used.labels[id(module)] for module in compiled]
-
-
-def _compiled(module: Any) -> bool:
-    """torch.compile(model) (an OptimizedModule) or model.compile()."""
-    return hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
+    """The notebook's names of the models the loop called, in the order it first called them (those with
+    parameters: a loss module has nothing to compile); and those of them already compiled."""
+    models = {id(module): module for module in used.models() if id(module) in used.labels}
+    called = [models[key] for key in instruments.called_modules if key in models]
+    return ([used.labels[id(module)] for module in called],
+            [used.labels[id(module)] for module in called if compiled_how(module) is not None])
 
 
 def _accumulation(instruments: Instruments, sites: dict[tuple[str, int], int], profiled: list[StepRecord]) -> int:

@@ -102,9 +102,9 @@ class Instruments:
         self.sites: dict[tuple[str, int], SyncSite] = {}
         self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
         self.loop_scopes: dict[tuple[str, int], LoopScope] = {}  # of those inside a function
-        # The sites whose batch an optimizer step followed (not an evaluation loop's), with how many steps did; the
-        # sampler of each site; and the batch the last optimizer step trained on.
-        self.trained_sites: dict[tuple[str, int], int] = {}
+        # The sites whose batch an optimizer step followed (not an evaluation loop's), the sampler of each site, and
+        # the batch the last optimizer step trained on.
+        self.trained_sites: set[tuple[str, int]] = set()
         self.site_samplers: dict[tuple[str, int], Any] = {}
         self.trained_batch: Any = None
         self._last_site: tuple[str, int] | None = None
@@ -305,7 +305,7 @@ class Instruments:
         """An optimizer step of the loop ended (or its GradScaler skipped it)."""
         self.optimizer_steps += 1
         if self._last_site is not None:
-            self.trained_sites[self._last_site] = self.trained_sites.get(self._last_site, 0) + 1
+            self.trained_sites.add(self._last_site)
             self.trained_batch = self.last_batch
         if self.lead_optimizer is None:
             self.lead_optimizer = id(optimizer)
@@ -361,7 +361,7 @@ class Instruments:
             if sampler is not None:
                 instruments.site_samplers.setdefault(site, sampler)
             if instruments.batch_size is None:
-                instruments.batch_size = _batch_size(instruments.torch, batch)
+                instruments.batch_size = first_dimension(batch, instruments.torch.Tensor)
             return batch
         return __next__
 
@@ -584,8 +584,3 @@ def loaders_seen(namespace: dict[str, Any], samplers: list[Any], loader_type: ty
             if position is not None:
                 named.append((position, name))
     return [name for _, name in sorted(named, key=lambda pair: pair[0])]
-
-
-def _batch_size(torch: Any, batch: Any) -> int | None:
-    """Samples in a batch: dim 0 of its first tensor, whatever holds it (probekit.batch_structure)."""
-    return first_dimension(batch, torch.Tensor)

@@ -57,7 +57,7 @@ def _parse(filename: str) -> ast.Module | None:
 class _LoopBody:
     """The loop whose batches the profile saw, as the step needs it."""
 
-    line: int                      # the loop's own line
+    loop: ast.For | ast.While      # the loop itself
     target: ast.expr               # what one batch is bound to
     counter: str | None            # a name counting the batches (enumerate's, or `for step in range(...)`)
     statements: list[ast.stmt]     # the body, without the statement that fetched the batch
@@ -66,6 +66,10 @@ class _LoopBody:
     # The grad and precision contexts the loop runs in (`with torch.inference_mode():` around an evaluation loop,
     # `with torch.autocast(...):` around a training one): the step runs its body in them too.
     contexts: list[ast.withitem] = field(default_factory=list)
+
+    @property
+    def line(self) -> int:
+        return self.loop.lineno
 
 
 def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
@@ -80,8 +84,7 @@ def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
             several = (f"the loop at line {node.lineno} takes each batch from several loaders at once (`zip`), so "
                        "its step needs one batch of each" if isinstance(iterable, ast.Call)
                        and _name(iterable.func) in _SEVERAL else None)
-            found.append(_LoopBody(node.lineno, target, counter, node.body, range(node.lineno, node.lineno + 1),
-                                   several))
+            found.append(_LoopBody(node, target, counter, node.body, range(node.lineno, node.lineno + 1), several))
         elif isinstance(node, (ast.For, ast.While)):
             # (A loop over a loader that also fetches from another one keeps that fetch in its body, above.)
             for statement in node.body:
@@ -91,13 +94,11 @@ def _loop_body(tree: ast.Module, lines: set[int]) -> _LoopBody | None:
                     counter = (node.target.id if isinstance(node, ast.For) and isinstance(node.target, ast.Name)
                                and isinstance(node.iter, ast.Call) and _name(node.iter.func) == "range" else None)
                     rest = [other for other in node.body if other is not statement]
-                    found.append(_LoopBody(node.lineno, fetched, counter, rest, span))
+                    found.append(_LoopBody(node, fetched, counter, rest, span))
     if not found:
         return None
     chosen = max(found, key=lambda body: body.fetch_lines.start)
-    loop = next(node for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While))
-                and node.lineno == chosen.line)
-    chosen.contexts = _enclosing_contexts(loop, parents)
+    chosen.contexts = _enclosing_contexts(chosen.loop, parents)
     return chosen
 
 

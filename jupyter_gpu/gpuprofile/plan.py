@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from jupyter_gpu.gpuprofile.result import COPIES, DATA, GC, OTHER, PlanItem, ProfileResult, ReadyStep, how_often
+from jupyter_gpu.speedprobe.catalog import CodeContext, adopt_lines
 from jupyter_gpu.units import format_seconds
 
 DATA_SHARE = 0.05
@@ -34,10 +35,10 @@ def _command(result: ProfileResult, probe: str, fallback: str) -> str:
     return ready.command if ready is not None and ready.name is not None else fallback
 
 
-def compile_lines(models: list[str], mode: str | None = None) -> str:
-    """`G = torch.compile(G); D = torch.compile(D)`: one per model the loop called, by the notebook's names."""
-    argument = f', mode="{mode}"' if mode else ""
-    return "; ".join(f"{model} = torch.compile({model}{argument})" for model in models or ["model"])
+def compile_lines(models: list[str], option: str = "compile") -> str:
+    """`G = torch.compile(G); D = torch.compile(D)`: %speedprobe's lines for its compile `option`, one per model
+    the loop called, by the notebook's names."""
+    return "; ".join(adopt_lines((option,), CodeContext(models=tuple(models) or ("model",))))
 
 
 def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | None) -> ProfileResult:
@@ -83,16 +84,16 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
                 f"{share:.0%} of what a big {result.compute} matmul reaches here; mixed precision, channels_last, "
                 "fused optimizers and torch.compile are measured by %speedprobe" if share is not None else "")
     # Models already compiled are not told to compile; when every model the loop called is, fusion is done.
-    uncompiled = [model for model in result.models if model not in result.compiled_models]
     if (result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute
-            and (uncompiled or not result.models)):
+            and not result.all_models_compiled):
         add("memory-bound operators (fusion candidates)", compute * result.memory_bound_share,
-            f"{compile_lines(uncompiled)}  (or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
+            f"{compile_lines(result.uncompiled_models)}  "
+            f"(or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
             f"{result.memory_bound_share:.0%} of operator time in operators below the ridge point")
     timeline = result.gpu_timeline
     if timeline is not None and timeline.launch_bound:
         add("launch-bound: the GPU waits between many short kernels", timeline.host_wait + timeline.kernel_wait,
-            f"{compile_lines(result.models, 'reduce-overhead')}  (fusion and CUDA graphs)",
+            f"{compile_lines(result.models, 'compile-reduce-overhead')}  (fusion and CUDA graphs)",
             f"{timeline.kernels_per_step:.0f} kernels per step, median {format_seconds(timeline.median_kernel)}, "
             f"GPU busy {timeline.busy:.0%}")
     gc_bucket = result.bucket(GC)

@@ -181,8 +181,8 @@ def render_text(result: ProfileResult) -> str:
                 lines.append(f"     {item.detail}")
             lines.append(f"     → {item.command}")
     if result.operators:
-        compiled = bool(result.models) and set(result.models) <= set(result.compiled_models)
-        why = "the models the loop called are already compiled" if compiled else "candidates for torch.compile"
+        why = ("the models the loop called are already compiled" if result.all_models_compiled
+               else "candidates for torch.compile")
         share = "" if result.memory_bound_share is None else \
             f"; {result.memory_bound_share:.0%} of operator time is memory-bound ({why})"
         lines += ["", f"Top operators over one counted step{share}:"]

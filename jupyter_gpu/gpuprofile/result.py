@@ -312,6 +312,16 @@ class ProfileResult(RichResult):
         return len(self.step_seconds)
 
     @property
+    def uncompiled_models(self) -> list[str]:
+        """The models the loop called that are not compiled yet: what a torch.compile fix names."""
+        return [model for model in self.models if model not in self.compiled_models]
+
+    @property
+    def all_models_compiled(self) -> bool:
+        """Every model the loop called is already compiled (none known: False)."""
+        return bool(self.models) and not self.uncompiled_models
+
+    @property
     def seconds(self) -> float | None:
         """The typical profiled step: the mean of the middle half of the steps (what the buckets add up to)."""
         return typical(self.step_seconds) if self.step_seconds else None

@@ -7,13 +7,14 @@ schedulers, GradScaler, random generators, the global flags) is put back bitwise
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +164,6 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
 
     from jupyter_gpu.gpuprofile.apply import applied_run, choose_fixes
     from jupyter_gpu.gpuprofile.result import AppliedFixes, RunFigures
-    from jupyter_gpu.speedprobe.flags import GlobalFlags
 
     fixes = choose_fixes(torch, namespace, before, loaders, compile_too=request.compile,
                          data_seconds=request.data_seconds, progress=progress)
@@ -176,14 +176,11 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
         # before, so a drift of the machine's speed (the probes just ran; a shared machine) falls on both alike:
         # the first profile, taken before the probes, is not what the fixes are measured against.
         for fixed in APPLY_ORDER:
-            snapshot, flags = StateSnapshot.take(objects), GlobalFlags.take(torch)
-            try:
+            # A run puts the training state back itself; one with the fixes also needs what they change undone.
+            with _put_back(torch, objects) if fixed else contextlib.nullcontext():
                 measured = profile_run(applied_run(torch, namespace, fixes, objects, device, run) if fixed else run,
                                        replace(request, apply=False, keep=False), namespace=namespace,
                                        loop_source=loop_source, progress=progress)
-            finally:
-                snapshot.restore()  # the layout channels_last changed, the fused flags: bitwise as before
-                flags.restore(torch)
             if isinstance(measured.error, KeyboardInterrupt):
                 interrupted = "the runs before and after"
                 figures[True].clear()
@@ -200,6 +197,20 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
                            checked=fixes.checked, code=[] if interrupted else fixes.code, before=before_figures,
                            after=after, runs_each=len(figures[True]) if after else 1, interrupted=interrupted)
     return replace(before, applied=applied)
+
+
+@contextlib.contextmanager
+def _put_back(torch: Any, objects: Any) -> Iterator[None]:
+    """The training objects and the global flags, bitwise as before (the layout channels_last changed, the fused
+    flags)."""
+    from jupyter_gpu.speedprobe.flags import GlobalFlags
+
+    snapshot, flags = StateSnapshot.take(objects), GlobalFlags.take(torch)
+    try:
+        yield
+    finally:
+        snapshot.restore()
+        flags.restore(torch)
 
 
 def _loader_iterators(torch: Any, places: dict[str, Any]) -> dict[int, tuple[Any, Any]]:

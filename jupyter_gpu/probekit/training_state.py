@@ -64,6 +64,10 @@ class TrainingObjects:
         """How the report names the objects, e.g. ["model", "opt"]."""
         return [self.labels.get(id(obj), type(obj).__name__) for obj in self.objects()]
 
+    def models(self) -> list[Any]:
+        """The modules with parameters: the models (not a loss module, which has nothing to convert or compile)."""
+        return [module for module in self.modules if any(True for _ in module.parameters())]
+
     def parameters(self) -> list[Any]:
         """Every parameter of the modules and of the optimizers' groups, each once."""
         return _unique_params(self)
@@ -74,6 +78,17 @@ class TrainingObjects:
             for parameter in module.parameters():
                 return parameter.device
         return None
+
+
+def compiled_how(module: Any) -> str | None:
+    """How a module is already compiled ("model.compile()", "torch.compile(model)"), or None: torch.compile's
+    OptimizedModule wrapper, or a forward compiled on the instance (what %speedprobe's compile option does)."""
+    if getattr(module, "_compiled_call_impl", None) is not None:
+        return "model.compile()"
+    if type(module).__name__ == "OptimizedModule" or hasattr(module.__dict__.get("forward"),
+                                                             "_torchdynamo_orig_callable"):
+        return "torch.compile(model)"
+    return None
 
 
 def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any] | None = None) -> TrainingObjects:

@@ -378,7 +378,7 @@ class _Probe:
         objects = self.setting.objects
         notes = {note for _, _, run in self.single_runs if run is not None for note in run.notes}
         # Each model with parameters gets its layout and compile line (a loss module has nothing to change).
-        models = [module for module in objects.modules if any(True for _ in module.parameters())]
+        models = objects.models()
         model_names = tuple(objects.labels.get(id(module), "model") for module in models) or ("model",)
         optimizers = tuple(
             OptimizerCode(name=label, class_path=_class_path(optimizer),

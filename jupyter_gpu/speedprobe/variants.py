@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.probekit.training_state import TrainingObjects
+from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how
 from jupyter_gpu.speedprobe.flags import enable_tf32, tf32_enabled
 
 # The convolutions channels_last changes (4-D weights); cudnn.benchmark also tunes 1-D/3-D ones and RNNs.
@@ -139,12 +139,10 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return needs_model
         if not hasattr(torch, "compile"):
             return f"torch {torch.__version__} has no torch.compile"
-        if any(getattr(module, "_compiled_call_impl", None) is not None for module in modules):
-            return "the model is already compiled (model.compile())"
-        if any(type(module).__name__ == "OptimizedModule" or hasattr(module.__dict__.get("forward"),
-                                                                         "_torchdynamo_orig_callable")
-               for module in modules):
-            return "the model is already compiled (torch.compile(model))"
+        compiled = {compiled_how(module) for module in modules}
+        for how in ("model.compile()", "torch.compile(model)"):
+            if how in compiled:
+                return f"the model is already compiled ({how})"
         if name == "compile-reduce-overhead" and not cuda:
             return f"reduce-overhead records CUDA graphs; this step runs on {setting.device}"
         return None
