@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from jupyter_gpu.gpuprofile.kernels import GpuTimeline
@@ -186,28 +186,13 @@ class RunFigures:
         return asdict(self)
 
     @staticmethod
-    def pooled(runs: list[RunFigures]) -> RunFigures:
-        """Several runs of one configuration as one: the mean step, the rates scaled to it, the mean shares, the
-        highest peak, the first run's losses (each run starts from the same state, so they are the same steps)."""
-        first = runs[0]
-        seconds = [run.seconds for run in runs if run.seconds]
-        mean = sum(seconds) / len(seconds) if seconds else None
-        scale = first.seconds / mean if first.seconds and mean else None
-
-        def scaled(value: float | None) -> float | None:
-            return value * scale if value is not None and scale is not None else None
-
-        def mean_of(values: list[float | None]) -> float | None:
-            known = [value for value in values if value is not None]
-            return sum(known) / len(known) if known else None
-
-        peaks = [run.peak_memory for run in runs if run.peak_memory is not None]
-        return RunFigures(seconds=mean, samples_per_second=scaled(first.samples_per_second), mfu=scaled(first.mfu),
-                          of_ceiling=scaled(first.of_ceiling), peak_memory=max(peaks) if peaks else None,
-                          data_share=mean_of([run.data_share for run in runs]),
-                          sync_share=mean_of([run.sync_share for run in runs]), losses=list(first.losses),
-                          step_seconds=[step for run in runs for step in run.step_seconds],
-                          run_seconds=[second for run in runs for second in run.run_seconds])
+    def fastest(runs: list[RunFigures]) -> RunFigures:
+        """Several runs of one configuration as one: the figures of its fastest run (on a shared machine noise only
+        ever slows a run down, so the faster one is the better measure of the configuration, as `timeit` takes its
+        best), with every run's steps and typical step kept."""
+        best = min(runs, key=lambda run: run.seconds if run.seconds else float("inf"))
+        return replace(best, step_seconds=[step for run in runs for step in run.step_seconds],
+                       run_seconds=[second for run in runs for second in run.run_seconds])
 
 
 @dataclass(frozen=True)

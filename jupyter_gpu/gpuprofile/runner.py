@@ -191,8 +191,8 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
                 figures[True].clear()
                 break
             figures[fixed].append(measured.result.figures())
-    after = RunFigures.pooled(figures[True]) if figures[True] else None
-    before_figures = RunFigures.pooled(figures[False]) if after is not None else before.figures()
+    after = RunFigures.fastest(figures[True]) if figures[True] else None
+    before_figures = RunFigures.fastest(figures[False]) if after is not None else before.figures()
     applied = AppliedFixes(applied=[] if interrupted else fixes.titles, left_out=fixes.left_out,
                            checked=fixes.checked, code=[] if interrupted else fixes.code, before=before_figures,
                            after=after, runs_each=len(figures[True]) if after else 1, interrupted=interrupted)

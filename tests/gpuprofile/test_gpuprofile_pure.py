@@ -620,6 +620,24 @@ def test_a_sync_in_a_notebook_cell_is_named_by_its_line(file: str, where: str) -
     assert Sync(file, 14, "x.item()", (".item()",), 1.0, 0.0).where == where
 
 
+def test_apply_compares_the_faster_run_of_each_so_one_disturbed_run_does_not_decide() -> None:
+    # A clean clone's suite: the second run with the fixes took 71 ms a step (the machine busy), the first 15.6 ms;
+    # the mean of the two made a 2.8x fix look like 0.91x.
+    def run(seconds: float, data_share: float) -> RunFigures:
+        return RunFigures(seconds=seconds, samples_per_second=16 / seconds, mfu=None, of_ceiling=None,
+                          peak_memory=None, data_share=data_share, sync_share=None, losses=[1.0],
+                          step_seconds=[seconds] * 3, run_seconds=[seconds])
+
+    before = RunFigures.fastest([run(0.0436, 0.89), run(0.0357, 0.88)])
+    after = RunFigures.fastest([run(0.0156, 0.30), run(0.0713, 0.60)])
+    assert (before.seconds, before.data_share, after.seconds, after.data_share) == (0.0357, 0.88, 0.0156, 0.30)
+    assert before.run_seconds == [0.0436, 0.0357] and len(after.step_seconds) == 6  # every run is kept
+    applied = AppliedFixes(applied=["loader"], left_out=[], checked=[], code=[], before=before, after=after,
+                           runs_each=2)
+    assert applied.speedup == pytest.approx(0.0357 / 0.0156)
+    assert applied.pair_speedups == pytest.approx([0.0436 / 0.0156, 0.0357 / 0.0713])
+
+
 def test_apply_shows_both_runs_mean_loss_with_the_same_decimals() -> None:
     def run(losses: list[float]) -> RunFigures:
         return RunFigures(0.003, 40_000.0, None, 0.24, None, 0.22, 0.0, losses)
