@@ -80,7 +80,7 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
                 plan.left_out.append((trial.title, f"the step raised {trial.error}"))
             elif trial.agreement is not None and trial.agreement.agrees is False:
                 plan.left_out.append((trial.title, "its numbers disagree with the step as it is: "
-                                                   f"{trial.agreement.failure or 'the first update differs'}"))
+                                                   f"{trial.agreement.failure or 'the numbers differ'}"))
             elif trial.speedup is not None and speed.best is not None and trial.speedup > 1:
                 plan.left_out.append((trial.title, f"{trial.speedup:.2f}x alone, but the fastest configuration whose "
                                                    f"numbers agree ({speed.best.title}) is without it"))

@@ -1,7 +1,7 @@
 """The shape of a training batch, whatever the loader's collate function made: a tensor, a tuple or list, a dict
 (or another mapping, such as Hugging Face's BatchEncoding), a namedtuple, a dataclass instance, nested. The probes
 that move a batch (`%dataprobe`), resize it (`%%gpuprofile`'s sized step) or count its samples walk it the same
-way. Pure Python."""
+way, and `%speedprobe` walks a model's output (a tuple, a dict, a ModelOutput) with it. Pure Python."""
 
 from __future__ import annotations
 

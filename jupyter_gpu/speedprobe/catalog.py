@@ -23,11 +23,12 @@ class SpeedOption:
     title: str         # how the report names it
     format: str        # the number format its arithmetic rounds to
     group: str | None  # options of one group exclude each other: a combination takes the faster
+    forward_only_title: str | None = None  # its title for a step that trains nothing, where that differs
 
 
 OPTIONS: tuple[SpeedOption, ...] = (  # how each is applied and undone: variants.py
     SpeedOption("amp-bf16", "bf16 autocast", BF16, "amp"),
-    SpeedOption("amp-fp16", "fp16 autocast + GradScaler", FP16, "amp"),
+    SpeedOption("amp-fp16", "fp16 autocast + GradScaler", FP16, "amp", forward_only_title="fp16 autocast"),
     SpeedOption("tf32", "TF32 matmuls and convolutions", TF32, None),
     SpeedOption("cudnn-benchmark", "cudnn.benchmark", FP32, None),
     SpeedOption("channels-last", "channels_last", FP32, None),
@@ -45,9 +46,12 @@ def loosest_format(names: tuple[str, ...]) -> str:
     return min(formats, key=FORMAT_ORDER.index)
 
 
-def title_of(names: tuple[str, ...]) -> str:
-    """"bf16 autocast + fused optimizer"; "baseline" for no option."""
-    return " + ".join(BY_NAME[name].title for name in names) if names else "baseline"
+def title_of(names: tuple[str, ...], forward_only: bool = False) -> str:
+    """"bf16 autocast + fused optimizer"; "baseline" for no option; `forward_only`: for a step that trains nothing
+    (no GradScaler to name)."""
+    if not names:
+        return "baseline"
+    return " + ".join((forward_only and BY_NAME[name].forward_only_title) or BY_NAME[name].title for name in names)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class CodeContext:
     optimizers: tuple[OptimizerCode, ...] = (OptimizerCode(),)
     conv_tf32_line: str | None = None        # turns TF32 on for cuDNN convolutions, where it is off (on by default)
     unscale_before_clipping: bool = False    # the step clips gradients: with a GradScaler, unscale them first
+    forward_only: bool = False               # the step trains nothing (evaluation, inference): no loss, no scaler
 
     @property
     def model(self) -> str:
@@ -114,6 +119,12 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
         lines += [f"{model} = torch.compile({model})" for model in context.models]
     if "compile-reduce-overhead" in chosen:
         lines += [f'{model} = torch.compile({model}, mode="reduce-overhead")' for model in context.models]
+    if context.forward_only:
+        for name, dtype in (("amp-bf16", "bfloat16"), ("amp-fp16", "float16")):
+            if name in chosen:
+                lines += [f'with torch.autocast("{device}", dtype=torch.{dtype}):  # around the forward',
+                          f"    out = {context.model}(x)"]
+        return lines
     if "amp-bf16" in chosen:
         lines += [f'with torch.autocast("{device}", dtype=torch.bfloat16):  # in the step',
                   f"    loss = loss_fn({context.model}(x), y)  # forward and loss only; backward stays outside"]

@@ -1,7 +1,8 @@
 """Run the user's step under one configuration, the way `%%gputime` times: synchronised, warm-up (and
 compilation) apart, at least five timed steps; and record what the agreement check needs: the first step's
-parameter update, the loss of every step, NaN/inf and the GradScaler's fate; and, on the counted step, the number
-formats the step's matrix multiplications and convolutions really ran in (its own autocast shows there).
+parameter update (and its models' outputs, which are what a forward-only step has to compare), the loss of every
+step, NaN/inf and the GradScaler's fate; and, on the counted step, the number formats the step's matrix
+multiplications and convolutions really ran in (its own autocast shows there) and whether it trains at all.
 
 Every configuration starts from the same state (the runner restores its StateSnapshot first), so every one sees
 the same weights and, with the random generators restored, the same batch.
@@ -18,6 +19,7 @@ from typing import Any
 
 from jupyter_gpu.gputime.opcount import OpCounter
 from jupyter_gpu.kernel_torch import handler_mode
+from jupyter_gpu.probekit.batch_structure import leaves
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.speedprobe import variants
 from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
@@ -39,6 +41,9 @@ _COMPUTE_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "m
                           "mkldnn_convolution", "cudnn_convolution", "miopen_convolution", "convolution_overrideable",
                           "_mkldnn_rnn_layer", "mkldnn_rnn_layer", "_cudnn_rnn", "miopen_rnn"})
 _COMPUTE_PREFIXES = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
+# The models' outputs are kept on the host for the agreement check: a language model's logits can be gigabytes, so
+# each output keeps at most this many of its elements, evenly strided (the same ones in every configuration).
+MAX_OUTPUT_ELEMENTS = 1 << 20
 
 Progress = Callable[[str], None]
 
@@ -65,14 +70,20 @@ class Run:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     loss_note: str | None = None
+    outputs: list[Any] | None = None  # the first step's model outputs, host float32 (subsampled), in call order
+    # The counted step trained: an optimizer stepped or a gradient reached a parameter (inspected steps only; None
+    # elsewhere). A step that does neither (evaluation, inference) has no update to compare, and no GradScaler.
+    trained: bool | None = None
 
 
 @dataclass
 class RoundedRun:
-    """The baseline's steps from the weights rounded to a format: its first update and its losses."""
+    """The baseline's steps from the weights rounded to a format: its first update, its models' first outputs and
+    its losses."""
 
     update: list[Any] | None
     losses: list[float | None] = field(default_factory=list)
+    outputs: list[Any] | None = None
 
 
 @dataclass
@@ -116,7 +127,7 @@ class StepRunner:
                 counted = index == warmup
                 try:
                     seconds, value = self._one_step(applied, clock, counted, record,
-                                                    inspect_step and counted)
+                                                    inspect_step and counted, capture_outputs=index == 0)
                 except StepRaised as raised:
                     record.error = str(raised)
                     break
@@ -136,36 +147,43 @@ class StepRunner:
         return record
 
     def _one_step(self, applied: variants.Applied, clock: DeviceClock, counted: bool, record: Run,
-                  inspect_step: bool) -> tuple[float, Any]:
+                  inspect_step: bool, capture_outputs: bool = False) -> tuple[float, Any]:
         box: dict[str, Any] = {}
 
         def call() -> None:
             box["value"] = applied.call(self.step)
 
-        hooks = self._batch_size_hooks(record) if inspect_step else []
-        try:
-            if counted:
-                counter = OpCounter(self.setting.torch)
-                dtypes = ComputeDtypes(self.setting.torch)
-                with counter, dtypes if inspect_step else contextlib.nullcontext():
+        torch = self.setting.torch
+        with ExitStack() as watching:
+            if inspect_step:
+                self._batch_size_hooks(record, watching)
+                training = watching.enter_context(TrainingSeen(torch, self.params))
+            outputs = watching.enter_context(OutputCapture(torch, self.setting.objects.models())) \
+                if capture_outputs else None
+            try:
+                if counted:
+                    counter = OpCounter(torch)
+                    dtypes = ComputeDtypes(torch)
+                    with counter, dtypes if inspect_step else contextlib.nullcontext():
+                        seconds, _ = clock.time(call)
+                    counts = counter.result()
+                    record.ops = dict(counts.by_device)
+                    record.cpu_peak_bytes = counts.cpu_peak_bytes
+                    record.compute_dtypes = dict(dtypes.seen)
+                else:
                     seconds, _ = clock.time(call)
-                counts = counter.result()
-                record.ops = dict(counts.by_device)
-                record.cpu_peak_bytes = counts.cpu_peak_bytes
-                record.compute_dtypes = dict(dtypes.seen)
-            else:
-                seconds, _ = clock.time(call)
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:
-            raise StepRaised(f"{type(exc).__name__}: {_first_line(exc)}") from exc
-        finally:
-            for handle in hooks:
-                handle.remove()
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                raise StepRaised(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        if inspect_step:
+            record.trained = training.seen
+        if outputs is not None:
+            record.outputs = outputs.tensors
         return seconds, box.get("value")
 
-    def _batch_size_hooks(self, record: Run) -> list[Any]:
-        """Forward pre-hooks that read the batch size off the model's first tensor input; removed after the call."""
+    def _batch_size_hooks(self, record: Run, stack: ExitStack) -> None:
+        """Forward pre-hooks that read the batch size off the model's first tensor input; `stack` removes them."""
         torch = self.setting.torch
 
         def seen(_module: Any, args: tuple, kwargs: dict) -> None:
@@ -175,7 +193,8 @@ class StepRunner:
                         record.batch_size = int(value.shape[0])
                         return
 
-        return [module.register_forward_pre_hook(seen, with_kwargs=True) for module in self.setting.objects.modules]
+        for module in self.setting.objects.modules:
+            stack.callback(module.register_forward_pre_hook(seen, with_kwargs=True).remove)
 
     def _loss_value(self, value: Any, record: Run) -> float | None:
         torch = self.setting.torch
@@ -224,13 +243,71 @@ class StepRunner:
         record = Run()
         for index in range(steps):
             try:
-                _, value = self._one_step(applied, clock, False, record, False)
+                _, value = self._one_step(applied, clock, False, record, False, capture_outputs=index == 0)
             except StepRaised:
-                return RoundedRun(record.update, record.losses)
+                return RoundedRun(record.update, record.losses, record.outputs)
             record.losses.append(self._loss_value(value, record))
             if index == 0:
                 record.update = self._update(rounded_before)
-        return RoundedRun(record.update, record.losses)
+        return RoundedRun(record.update, record.losses, record.outputs)
+
+
+class OutputCapture:
+    """Keeps what the outermost models return during one call (the tensors of a tuple, dict or dataclass output),
+    on the host in float32 and at most MAX_OUTPUT_ELEMENTS of each: a forward-only step changes no parameter, and
+    its outputs are what an option could get wrong. Submodules of another model are left out (their outputs are
+    inside the outer one's), and nothing is kept while Dynamo traces (a compiled forward's own hooks)."""
+
+    def __init__(self, torch: Any, models: list[Any]) -> None:
+        self._torch = torch
+        inner = {id(sub) for model in models for sub in model.modules() if sub is not model}
+        self._outermost = [model for model in models if id(model) not in inner]
+        self._handles: list[Any] = []
+        self.tensors: list[Any] = []
+
+    def __enter__(self) -> OutputCapture:
+        self._handles = [model.register_forward_hook(self._keep) for model in self._outermost]
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _keep(self, _module: Any, _args: tuple, output: Any) -> None:
+        torch = self._torch
+        if getattr(torch.compiler, "is_compiling", lambda: False)():
+            return
+        for value in leaves(output):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+                flat = value.detach().reshape(-1)
+                stride = -(-flat.numel() // MAX_OUTPUT_ELEMENTS)
+                self.tensors.append(flat[::stride].to("cpu", dtype=torch.float32, copy=True))
+
+
+class TrainingSeen:
+    """Whether one call trained: an optimizer's step ran (torch's global step hooks) or a gradient was accumulated
+    into a parameter (`register_post_accumulate_grad_hook`, which also fires when a GradScaler then skips the step,
+    or under gradient accumulation before the step). Reading `.grad` could not tell: an evaluation after training
+    finds the last training step's gradients still there."""
+
+    def __init__(self, torch: Any, params: list[Any]) -> None:
+        self._torch = torch
+        self._params = [param for param in params if param.requires_grad]
+        self._handles: list[Any] = []
+        self.seen = False
+
+    def __enter__(self) -> TrainingSeen:
+        def saw(*_: Any) -> None:
+            self.seen = True
+
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        self._handles = [register_optimizer_step_pre_hook(saw)]
+        self._handles += [param.register_post_accumulate_grad_hook(saw) for param in self._params]
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
 
 
 class ComputeDtypes:

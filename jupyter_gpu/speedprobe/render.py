@@ -191,11 +191,13 @@ def _agreement_text(trial: OptionTrial) -> str:
 
 
 def _evidence(agreement: Agreement) -> str:
-    """`update Δ 3.1e-03 ≤ 1.6e-02, loss drift 0.04%`: what the verdict rests on."""
+    """`update Δ 3.1e-03 ≤ 1.6e-02, loss drift 0.04%` (`outputs Δ` for a forward-only step): what the verdict rests
+    on."""
     parts = []
     if agreement.update_rel_l2 is not None:
         bound = f" ≤ {agreement.tolerance:.1e}" if agreement.tolerance is not None else ""
-        parts.append(f"update Δ {agreement.update_rel_l2:.1e}{bound}")
+        what = "outputs" if agreement.compared == "outputs" else "update"
+        parts.append(f"{what} Δ {agreement.update_rel_l2:.1e}{bound}")
     if agreement.loss_drift is not None:
         # The limit is said only where training amplifies rounding enough to raise it above 1%.
         limit = f" ≤ {agreement.loss_limit:.1%}" if agreement.loss_limit > LOSS_DRIFT_LIMIT else ""

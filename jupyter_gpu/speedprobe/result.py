@@ -15,7 +15,9 @@ class Agreement:
     """How a configuration's numbers compare with the baseline's, from the same weights and the same batch."""
 
     format: str                    # the number format the configuration rounds to (bfloat16, float16, tf32, float32)
-    update_rel_l2: float | None    # ||update - baseline update|| / ||baseline update|| after the first step
+    # ||update - baseline update|| / ||baseline update|| after the first step (for a forward-only step: of the
+    # models' outputs on the first call; `compared` says which)
+    update_rel_l2: float | None
     tolerance: float | None        # the most that difference may be (decide.tolerance)
     loss_drift: float | None       # the largest relative difference of the returned loss over the steps compared
     steps: int                     # steps whose losses were compared (0 when the step returns no loss)
@@ -24,6 +26,7 @@ class Agreement:
     note: str | None = None        # why it could not be judged, or what was left out of the judgement
     update_scale: float | None = None  # the first update's size along the baseline's direction (1 when equal)
     loss_limit: float = 0.01       # the most the loss may drift (1%, or more where training amplifies rounding)
+    compared: str = "update"       # what update_rel_l2 compares: "update", or "outputs" for a forward-only step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,10 +47,11 @@ class OptionTrial:
     speedup: float | None = None           # baseline median over this median; None when not measured
     skipped: str | None = None             # why the option cannot apply here; None when it ran
     error: str | None = None               # what the step raised under this option
+    forward_only: bool = False             # the step trains nothing: fp16 needs no GradScaler
 
     @property
     def title(self) -> str:
-        return title_of(self.members)
+        return title_of(self.members, self.forward_only)
 
     @property
     def seconds(self) -> float | None:

@@ -170,6 +170,8 @@ class _Probe:
         self.baseline_run: Run | None = None
         self.baseline: OptionTrial | None = None
         self.repeat_noise: float | None = None
+        # What the agreement compares: the first update, or for a step that trains nothing the models' outputs.
+        self.compared = "update"
         self.sensitivity: dict[str, float | None] = {}
         self.rounded_drift: dict[str, float | None] = {}  # the loss's drift over the steps from rounded weights
         self.single_runs: list[tuple[str, str | None, Run | None]] = []
@@ -188,8 +190,11 @@ class _Probe:
             raise SpeedProbeError(f"`{self.step_name}` raised {first.error} (everything it changed was put back)")
         self.baseline_run = first
         self.baseline = self._trial("baseline", (), first)
-        # Planned after the baseline: its counted step shows the formats the step computes in (its own autocast).
+        # Planned after the baseline: its counted step shows the formats the step computes in (its own autocast)
+        # and whether it trains at all (an evaluation step has no update to compare, and fp16 needs no scaler).
         self.setting.compute_dtypes = first.compute_dtypes
+        self.setting.forward_only = first.trained is False
+        self.compared = "outputs" if self.setting.forward_only else "update"
         planned = self._plan()
         applicable = [option for option, reason in planned if reason is None]
         for format_name in dict.fromkeys(BY_NAME[option].format for option in applicable):
@@ -200,7 +205,7 @@ class _Probe:
         # The baseline again, after the options: a machine that slowed down or sped up meanwhile shows as a
         # difference between the two, and the pooled baseline favours neither the early nor the late options.
         second = self._measure((), "baseline again (2 of 2)")
-        self.repeat_noise = relative_difference(second.update, first.update)
+        self.repeat_noise = relative_difference(self._compared(second), self._compared(first))
         self.baseline = self._trial("baseline", (), first, extra_times=second.times)
         self._note_drift(first, second)
         # Judged once, with the pooled baseline and the repeatability: agreements compare every parameter.
@@ -213,12 +218,16 @@ class _Probe:
     def _calibrate(self, format_name: str, first: Run) -> None:
         """How far rounding the weights to `format_name` alone moves the first update, and (for a reduced format)
         the loss over the steps: the scale of the differences correct arithmetic in that format makes here."""
-        self.ticker.resume(f"speedprobe {self.step_name}: how {format_name} rounding alone moves the update")
+        self.ticker.resume(f"speedprobe {self.step_name}: how {format_name} rounding alone moves the {self.compared}")
         steps = 1 if format_name == FP32 else self.request.steps  # float32 reorderings drift nowhere near 1%
         rounded = self.runner.rounded_run(format_name, steps)
         self.put_back()
-        self.sensitivity[format_name] = relative_difference(rounded.update, first.update)
+        compared_rounded = rounded.outputs if self.compared == "outputs" else rounded.update
+        self.sensitivity[format_name] = relative_difference(compared_rounded, self._compared(first))
         self.rounded_drift[format_name] = decide.loss_drift(rounded.losses[:steps], first.losses[:steps])[0]
+
+    def _compared(self, run: Run) -> list[Any] | None:
+        return run.outputs if self.compared == "outputs" else run.update
 
     def singles(self) -> list[OptionTrial]:
         return [OptionTrial(option, (option,), skipped=reason) if run is None else self._trial(option, (option,), run)
@@ -307,7 +316,7 @@ class _Probe:
             compile_seconds=compile_seconds, peak_bytes=run.cuda_peak_bytes if cuda else run.cpu_peak_bytes,
             ops=sum(run.ops.values()) if run.ops else None,
             agreement=self._agreement(members, run) if members else None,
-            speedup=speedup if members else 1.0, error=run.error)
+            speedup=speedup if members else 1.0, error=run.error, forward_only=self.setting.forward_only)
 
     def _agreement(self, members: tuple[str, ...], run: Run) -> Agreement | None:
         if run.error is not None:
@@ -316,7 +325,7 @@ class _Probe:
         assert baseline is not None
         format_name = loosest_format(members)
         failure = unjudged = update_note = None
-        update = run.update
+        update = self._compared(run)
         if run.scaling is not None:
             scaling = run.scaling
             failure = decide.scaler_failure(scaling.initial_scale, float(scaling.scaler.get_scale()),
@@ -329,13 +338,15 @@ class _Probe:
             unjudged = (f"two baseline runs from the same state differ by {self.repeat_noise:.2g}: the step is not "
                         "the same computation twice (a new batch per call, e.g. next(iterator)?); give it a fixed "
                         "batch to compare numbers")
-        tolerance = decide.tolerance(format_name, self.sensitivity.get(format_name), self.repeat_noise)
+        tolerance = decide.tolerance(format_name, self.sensitivity.get(format_name), self.repeat_noise,
+                                     compared=self.compared)
         steps = self.request.steps
-        return decide.judge(format_name, relative_difference(update, baseline.update), tolerance,
+        reference = self._compared(baseline)
+        return decide.judge(format_name, relative_difference(update, reference), tolerance,
                             run.losses[:steps], baseline.losses[:steps], failure=failure, unjudged=unjudged,
-                            update_scale=update_scale(update, baseline.update),
+                            update_scale=update_scale(update, reference),
                             drift_limit=decide.loss_limit(self.rounded_drift.get(format_name)),
-                            update_note=update_note)
+                            update_note=update_note, compared=self.compared)
 
     # -- the result -------------------------------------------------------------------------------------------------
 
@@ -347,7 +358,11 @@ class _Probe:
         notes = [f"{option}: {note}" for option, _, single in self.single_runs if single is not None
                  for note in single.notes]
         notes += self.notes
-        if run is not None and run.loss_note is None and all(loss is None for loss in run.losses):
+        if self.setting.forward_only:
+            notes.append(f"`{self.step_name}` trains nothing (no optimizer step, no gradient: an evaluation or "
+                         "inference step): agreement is judged on its models' outputs, fp16 runs without a "
+                         "GradScaler and the fused optimizer is not tried")
+        elif run is not None and run.loss_note is None and all(loss is None for loss in run.losses):
             notes.append(f"`{self.step_name}` returns no loss: agreement is judged on the parameter update alone "
                          f"(return the loss to compare it over {self.request.steps} steps too)")
         elif run is not None and run.loss_note is not None:
@@ -390,7 +405,8 @@ class _Probe:
         clips = any(run is not None and run.scaling is not None and run.scaling.unscaled_for_clipping
                     for _, _, run in self.single_runs)
         return CodeContext(device_type=self.setting.device_type, models=model_names, optimizers=optimizers,
-                           conv_tf32_line=conv_line, unscale_before_clipping=clips)
+                           conv_tf32_line=conv_line, unscale_before_clipping=clips,
+                           forward_only=self.setting.forward_only)
 
 
 def _parameters_expression(optimizer: Any, models: list[Any], labels: dict[int, str]) -> str | None:

@@ -47,6 +47,8 @@ class StepSetting:
     device: Any  # torch.device of the model's first parameter
     # The dtypes the step's matrix products and convolutions ran in, counted on the baseline's step (empty before).
     compute_dtypes: dict[str, int] = field(default_factory=dict)
+    # The baseline's step trained nothing (no optimizer step, no gradient): evaluation or inference.
+    forward_only: bool = False
 
     @property
     def device_type(self) -> str:
@@ -128,6 +130,8 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return "the model's 4-D weights are already channels_last"
         return None
     if name == "fused-optimizer":
+        if setting.forward_only:
+            return "the step runs no optimizer step (it trains nothing: evaluation or inference)"
         if not setting.objects.optimizers:
             return "no torch.optim optimizer was found in the notebook or in what the step refers to"
         reasons = [_optimizer_why_not(torch, optimizer) for optimizer in setting.objects.optimizers]
@@ -256,7 +260,7 @@ def _amp(dtype_name: str) -> Callable[[Applied], None]:
         device_type = applied.setting.device_type
         dtype = getattr(torch, dtype_name)
         applied.around_call.append(lambda: torch.autocast(device_type, dtype=dtype))
-        if dtype_name == "float16":
+        if dtype_name == "float16" and not applied.setting.forward_only:  # no gradients, nothing to scale
             _add_grad_scaler(applied)
     return apply_amp
 

@@ -5,6 +5,7 @@ with their reason."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from training_steps import (
     tiny_mlp,
 )
 
+from jupyter_gpu.speedprobe.catalog import adopt_lines
 from jupyter_gpu.speedprobe.runner import SpeedProbeError, probe_speed, run_speedprobe
 from jupyter_gpu.speedprobe.runner import SpeedProbeRequest as Request
 
@@ -342,3 +344,68 @@ def test_channels_last_agrees_on_a_cnn_with_dropout_after_its_convolutions() -> 
     assert trial.agrees is True and trial.agreement.update_rel_l2 < 1e-3, trial.agreement
     assert any("dropout draws its masks in the baseline's order" in note for note in result.notes)
     assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"  # put back
+
+
+def evaluation_step(training: Training) -> Callable[[], None]:
+    """An evaluation loop's step, as a profile lifts it: eval mode, inference_mode, a metric read off the outputs,
+    nothing returned; the optimizer still sits in the notebook beside it (it trained earlier)."""
+    model = training.model
+    counts = {"correct": 0}
+
+    def step() -> None:
+        model.eval()
+        x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
+        with torch.inference_mode():
+            counts["correct"] += int((model(x).argmax(1) == y).sum().item())
+
+    return step
+
+
+def test_a_forward_only_step_is_judged_on_its_outputs_without_a_scaler_or_an_optimizer() -> None:
+    training = warmed_up(mlp_with_adam())  # the last training step's gradients are still there
+    step = evaluation_step(training)
+    before = state_of(training)
+    result = probe_speed(step, options=("amp-bf16", "amp-fp16", "fused-optimizer"), steps=3,
+                         namespace=training.namespace())
+    assert_same_state(before, state_of(training))
+    fp16, bf16 = result.option("amp-fp16"), result.option("amp-bf16")
+    for trial in (fp16, bf16):
+        assert trial.agrees is True, trial.agreement  # not "fp16 without a scaler: ... loss.backward()"
+        assert trial.agreement.compared == "outputs" and 0 < trial.agreement.update_rel_l2 < trial.agreement.tolerance
+    assert fp16.title == "fp16 autocast"  # no GradScaler: there are no gradients to scale
+    assert fp16.agreement.tolerance < bf16.agreement.tolerance  # fp16 keeps 3 more bits
+    assert "trains nothing" in result.option("fused-optimizer").skipped
+    assert any("judged on its models' outputs" in note for note in result.notes)
+    lines = "\n".join(adopt_lines(("amp-fp16",), result.code_context))
+    assert "GradScaler" not in lines and "backward" not in lines and "out = model(x)" in lines
+
+
+def test_a_forward_pass_that_overflows_in_fp16_is_wrong_on_its_outputs() -> None:
+    training = overflowing_in_fp16()
+    model = training.model
+
+    def step() -> None:
+        with torch.no_grad():
+            model(torch.randn(16, 8) * 1e3)  # predictions, returned as nothing: only the outputs can tell
+
+    result = probe_speed(step, options=("amp-bf16", "amp-fp16"), steps=3, namespace=training.namespace())
+    fp16 = result.option("amp-fp16")
+    assert fp16.agrees is False and "outputs became NaN or inf" in fp16.agreement.failure
+    assert result.option("amp-bf16").agrees is True
+    assert result.best is None or result.best.name != "amp-fp16"
+
+
+def test_a_step_that_only_accumulates_gradients_is_still_training() -> None:
+    # Gradient accumulation: backward on every call, no optimizer step in it; fp16 must still go through the scaler.
+    training = mlp_with_adam()
+    model = training.model
+
+    def step() -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(torch.randn(32, 16)), torch.randint(0, 4, (32,)))
+        torch.autograd.backward(loss)  # not loss.backward(): the probe's GradScaler cannot reach it
+        return loss
+
+    result = probe_speed(step, options=("amp-fp16",), steps=3, namespace=training.namespace())
+    fp16 = result.option("amp-fp16")
+    assert fp16.title == "fp16 autocast + GradScaler" and fp16.agreement.compared == "update"
+    assert fp16.agrees is False and "without a scaler" in fp16.agreement.failure
