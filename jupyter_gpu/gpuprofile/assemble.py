@@ -156,8 +156,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     samplers = first + [sampler for sampler in instruments.samplers if not any(sampler is s for s in first)]
     loaders = loaders_seen(namespace, samplers, torch.utils.data.DataLoader)
     batch = instruments.trained_batch if trained else instruments.last_batch
-    lifted = lift.ready_steps(loop_source, sites, namespace, loaders,
-                              accumulation=_accumulation(instruments, sites, profiled), batch=batch,
+    accumulation = _accumulation(instruments, sites, profiled)
+    lifted = lift.ready_steps(loop_source, sites, namespace, loaders, accumulation=accumulation, batch=batch,
                               scopes=instruments.loop_scopes) if step_seconds else lift.Lifted([])
     lift.define(lifted, namespace)
     if lifted.defined:
@@ -169,7 +169,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         step_seconds=step_seconds, warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
         breakdown=breakdown, syncs=syncs, copies=copies, flops=flops, compute=compute, ceiling=ceiling,
         operators=operators, memory_bound_share=memory_share, peak_memory=peak_memory,
-        batch_size=instruments.batch_size, overhead_seconds=overhead, not_measured=not_measured, notes=notes,
+        batch_size=instruments.batch_size, batches_per_step=accumulation, overhead_seconds=overhead,
+        not_measured=not_measured, notes=notes,
         interrupted=isinstance(error, KeyboardInterrupt),
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
         gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,

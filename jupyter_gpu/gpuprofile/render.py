@@ -71,7 +71,10 @@ def _counted(result: ProfileResult) -> str:
         return "nothing: the cell stopped before its first step"
     if result.counted == ONE_RUN:
         return "the cell's one run (no DataLoader batches or optimizer steps to count)"
-    return f"{result.steps} profiled {result.counted} after {len(result.warmup_seconds)} warm-up"
+    counted = f"{result.steps} profiled {result.counted} after {len(result.warmup_seconds)} warm-up"
+    if result.batches_per_step > 1:
+        counted += f", {result.batches_per_step} DataLoader batches each (gradient accumulation)"
+    return counted
 
 
 def _facts(result: ProfileResult) -> list[tuple[str, str]]:
@@ -87,8 +90,9 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
                               f"{format_seconds(statistics.median(result.step_seconds))}), "
                               f"{format_seconds(fastest)} - {format_seconds(slowest)}"))
     if result.samples_per_second is not None:
-        rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s "
-                                   f"(batch of {result.batch_size})"))
+        per_step = (f"{result.batches_per_step} batches of {result.batch_size} per step"
+                    if result.batches_per_step > 1 else f"batch of {result.batch_size}")
+        rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s ({per_step})"))
     if result.flops:
         rows.append(("FLOPs", f"{result.flops / 1e9:,.3f} GFLOP per step (forward and backward, "
                               f"torch.utils.flop_counter formulas), {result.compute}"))

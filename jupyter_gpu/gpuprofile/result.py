@@ -282,6 +282,7 @@ class ProfileResult(RichResult):
     overhead_seconds: float | None = None        # instrumentation cost per step, measured
     peak_memory: int | None = None               # bytes, over the profiled steps
     batch_size: int | None = None                # samples per batch, where the batches told
+    batches_per_step: int = 1                    # DataLoader batches per optimizer step (gradient accumulation)
     not_measured: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
@@ -341,7 +342,10 @@ class ProfileResult(RichResult):
 
     @property
     def samples_per_second(self) -> float | None:
-        return self.batch_size / self.seconds if self.batch_size and self.seconds else None
+        """Samples trained per second: every batch of a step counts (with gradient accumulation a step is several)."""
+        if not self.batch_size or not self.seconds:
+            return None
+        return self.batch_size * self.batches_per_step / self.seconds
 
     def bucket(self, key: str) -> Bucket | None:
         return next((b for b in self.breakdown if b.key == key), None)

@@ -204,7 +204,11 @@ def test_a_transformer_with_gradient_accumulation_and_dict_batches_counts_optimi
     before = {k: v.clone() for k, v in ip.user_ns["model"].state_dict().items()}
     result = ip.run_cell(ACCUMULATION_LOOP).result
     assert result.counted == "optimizer steps" and result.steps == 4
-    assert result.batch_size == 8
+    assert result.batch_size == 8 and result.batches_per_step == 4
+    # Throughput counts every sample a step trains on: four batches of 8, not the one batch the size was read off.
+    assert result.samples_per_second == pytest.approx(32 / result.seconds)
+    shown = str(result)
+    assert "4 DataLoader batches each (gradient accumulation)" in shown and "(4 batches of 8 per step)" in shown
     assert all(torch.equal(before[k], v) for k, v in ip.user_ns["model"].state_dict().items())
     train = next(r for r in result.ready_steps if r.probe == "%speedprobe")
     assert "range(4)" in train.code
