@@ -210,6 +210,9 @@ def batchprobe_parser(prog: str = "%batchprobe") -> SentenceParser:
                         help="share of the budget the recommendation keeps free (default 0.1)")
     parser.add_argument("--steps", metavar="K", type=_whole_number("--steps", 1), default=2,
                         help="steps per trial (default 2)")
+    parser.add_argument("--max-seconds", type=seconds_type("--max-seconds"), default=None, metavar="S",
+                        help="stop before a trial that would end more than S seconds after the start, and report "
+                             "what ran and where the limit lies (default 300)")
     parser.add_argument("--amp", choices=("bf16", "fp16"), default=None, help="run the step under torch.autocast")
     parser.add_argument("--estimate", action="store_true",
                         help="predict with fake tensors, nothing run on a device (with --for)")

@@ -41,6 +41,8 @@ def headline(result: BatchProbeResult) -> str:
         return (f"batchprobe: nothing fits at --start {start}: batch {start} {needs}, the budget is "
                 f"{format_bytes(result.budget_bytes)} with {format_bytes(result.memory_before)} in use before "
                 "the probe; smaller sizes are not tried (lower --start to try them)")
+    if result.limited_by == "time limit" and result.time_limit is not None:
+        return _time_limit_headline(result, result.time_limit)
     text = f"batchprobe: max batch size {result.max_batch_size}"
     if result.limited_by == "--max":
         text += " (the --max cap, not memory)"
@@ -55,6 +57,20 @@ def headline(result: BatchProbeResult) -> str:
     if result.knee is not None:
         text += f" · throughput levels off at {result.knee}"
     return text
+
+
+def _time_limit_headline(result: BatchProbeResult, limit: dict[str, Any]) -> str:
+    """Stopped by --max-seconds: what ran, where the memory limit lies, and how to go on."""
+    failed = result.lowest_failure
+    where = (f"the memory limit lies between {result.max_batch_size} and {failed}" if failed is not None
+             else f"the memory limit is above {result.max_batch_size}")
+    text = (f"batchprobe: batch {result.max_batch_size} runs; stopped at the {format_seconds(limit['seconds'])} "
+            f"time limit before finding the most: {where}, and the next trial (batch {limit['next_size']}) would "
+            f"take about {format_seconds(limit['predicted_seconds'])}")
+    if result.recommended:
+        text += f" · recommended {result.recommended} (the largest that ran with {result.margin:.0%} kept free)"
+    return text + (" · to search on, raise --max-seconds, or start there with --start "
+                   f"{result.max_batch_size}")
 
 
 def summary_rows(result: BatchProbeResult) -> list[tuple[str, str]]:

@@ -51,7 +51,7 @@ class BatchProbeResult(RichResult):
     steps: int
     amp: str | None
     limited_by: str                   # "memory", "size limit", "--max", "nothing fits", "leak",
-                                      # "ignores batch_size"
+                                      # "ignores batch_size", "time limit" (--max-seconds: not the limit)
     memory_before: int                # bytes in use on the probed device before and after the probe
     memory_after: int
     restored: list[str]               # what was put back: "model", "opt", "RNG", …
@@ -67,6 +67,15 @@ class BatchProbeResult(RichResult):
     leftovers: list[dict[str, Any]] = field(default_factory=list)
     # A step that keeps more memory after every call: {"batch_size", "bytes_per_call", "holders": [...]}.
     leak: dict[str, Any] | None = None
+    # The search stopped before a trial predicted to end past --max-seconds: {"seconds", "next_size",
+    # "predicted_seconds"}; max_batch_size is then the largest size that ran, not the memory limit.
+    time_limit: dict[str, Any] | None = None
+
+    @property
+    def lowest_failure(self) -> int | None:
+        """The smallest batch size that did not fit (None: none failed)."""
+        failed = [t.batch_size for t in self.trials if not t.fitted]
+        return min(failed) if failed else None
 
     @property
     def search_trials(self) -> int:
@@ -85,6 +94,9 @@ class BatchProbeResult(RichResult):
             return "the step apparently ignores batch_size: no batch size measured"
         if self.max_batch_size == 0:
             return f"no batch size fits in {self.budget_source}"
+        if self.limited_by == "time limit":
+            return (f"batch size {self.max_batch_size} runs (stopped at the time limit before finding the most), "
+                    f"recommended {self.recommended} ({len(self.trials)} trials)")
         return (f"max batch size {self.max_batch_size}, recommended {self.recommended} "
                 f"({len(self.trials)} trials)")
 

@@ -30,6 +30,7 @@ from jupyter_gpu.batchprobe.search import (
     recommended_size,
     throughput_knee,
 )
+from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.release import release_last_error
 from jupyter_gpu.probekit.ticker import Ticker
@@ -39,6 +40,10 @@ from jupyter_gpu.units import format_bytes, format_seconds
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
 # large only to say so would take minutes. The report says when this cap, not memory, was the limit.
 DEFAULT_MAX_BATCH = 65536
+# The probe stops before a trial that would end past this many seconds from its start. On a GPU a search takes
+# seconds; on a CPU, where a step takes as long as its batch is big, a search to the machine's free memory ran past
+# 18 minutes on a small language model (each trial near batch 9,000 took minutes) before this limit existed.
+DEFAULT_MAX_SECONDS = 300.0
 
 # A step keeps memory between calls (a leak) when what is live after a call grew since the call before by at
 # least LEAK_FLOOR bytes and by enough to take 1% of the budget within LEAK_HORIZON calls (an epoch or so). A
@@ -68,6 +73,7 @@ class ProbeRequest:
     margin: float = 0.1
     steps: int = 2
     amp: str | None = None
+    max_seconds: float | None = DEFAULT_MAX_SECONDS  # None: no time limit
 
 
 def probe_batch_size(step: Callable[[int], Any], request: ProbeRequest | None = None, *,
@@ -192,6 +198,7 @@ class _Runner:
         self.broken = False
         self.switch_to: str | None = None
         self.leak: Leak | None = None
+        self.time_limit: TimeLimit | None = None
         # What trials left alive after the restore, by the batch size of the trial that made it.
         self.leftovers: dict[int, list[Holder]] = {}
         self.leftover_bytes: dict[int, int] = {}
@@ -202,10 +209,14 @@ class _Runner:
         try:
             while (size := self.search.next_size()) is not None:
                 how = self.search.last_step
+                if self._past_time_limit(size):
+                    self._last_trial_in_time(size)
+                    break
                 self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
                 if self.switch_to is not None or self.leak is not None:
                     return
-            self._check_flat_top()
+            if self.time_limit is None:
+                self._check_flat_top()
             if self.switch_to is not None or self.leak is not None:
                 return
             self.recommended = self._recommend()
@@ -232,11 +243,34 @@ class _Runner:
         size = max(self.request.start, recommended_size(outcomes, answer, budget, self.request.margin))
         if size <= 0 or any(t.fitted and t.batch_size == size for t in self.trials):
             return size
-        trial = self._trial(size, RECOMMEND, "margin")
-        if trial.fitted:
-            return size
         smaller = [t.batch_size for t in self.trials if t.fitted and t.batch_size < size]
-        return max(smaller, default=0)
+        if self.time_limit is not None or self._past_time_limit(size, stop=False):
+            return max(smaller, default=0)  # out of time: the largest size that ran within the margin
+        trial = self._trial(size, RECOMMEND, "margin")
+        return size if trial.fitted else max(smaller, default=0)
+
+    def _past_time_limit(self, size: int, stop: bool = True) -> bool:
+        """Whether a trial at `size` would end past --max-seconds (time_limit.predicted_seconds; the first trial
+        always runs). `stop`: record the limit, which ends the search."""
+        limit = self.request.max_seconds
+        predicted = predicted_seconds(self.trials, size, self.request.steps) if limit is not None else None
+        if limit is None or predicted is None or self._elapsed() + predicted <= limit:
+            return False
+        if stop:
+            self.time_limit = TimeLimit(limit, size, predicted)
+        return True
+
+    def _last_trial_in_time(self, next_size: int) -> None:
+        """Before stopping for time, try the largest size the time left affords, where that says more than the
+        largest that ran: the search may have been about to jump far (its memory model predicted the limit)."""
+        assert self.request.max_seconds is not None
+        size = affordable_size(self.trials, self.request.max_seconds - self._elapsed(), self.request.steps)
+        if worth_trying(size, self.search.largest_fit, next_size):
+            assert size is not None
+            self._trial(size, SEARCH, "time left")
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._started
 
     def _trial(self, size: int, purpose: str, how: str) -> Trial:
         self._show(f"trial {len(self.trials) + 1}: batch {size} ({how}) …", ticking=True)
@@ -379,6 +413,7 @@ def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: li
         memory_before=memory_before, memory_after=memory_after, restored=restored,
         snapshot_bytes=snapshot_bytes, seconds=seconds, memory_model=line, notes=notes,
         interrupted=runner.interrupted,
+        time_limit=runner.time_limit.to_dict() if runner.time_limit is not None else None,
         baseline=[holder.to_dict() for holder in baseline[:BASELINE_HOLDERS]],
         leftovers=[{"batch_size": size, "bytes": runner.leftover_bytes[size],
                     "holders": [holder.to_dict() for holder in holders]}
@@ -425,6 +460,8 @@ def _limited_by(runner: _Runner, ignores: bool) -> str:
         return "nothing fits"
     if search.capped:
         return "--max"
+    if runner.time_limit is not None:
+        return "time limit"
     above = [t for t in runner.trials if not t.fitted and t.batch_size == search.answer + 1]
     if above and above[-1].failure_kind == str(FailureKind.SIZE_LIMIT):
         return "size limit"

@@ -46,11 +46,17 @@ class BatchProbeMagics(Magics):
         options, step = self._parse(magic, line, cell)
         if options.estimate:
             return self._estimate(magic, options, step)
-        from jupyter_gpu.batchprobe.runner import DEFAULT_MAX_BATCH, ProbeError, ProbeRequest, run_probe
+        from jupyter_gpu.batchprobe.runner import (
+            DEFAULT_MAX_BATCH,
+            DEFAULT_MAX_SECONDS,
+            ProbeError,
+            ProbeRequest,
+            run_probe,
+        )
 
         request = ProbeRequest(start=options.start, maximum=options.maximum or DEFAULT_MAX_BATCH,
                                max_memory=options.max_memory, margin=options.margin, steps=options.steps,
-                               amp=options.amp)
+                               amp=options.amp, max_seconds=options.max_seconds or DEFAULT_MAX_SECONDS)
         try:
             result = run_probe(step, request, namespace=self.shell.user_ns, shell=self.shell,
                                progress=None if options.quiet else ProgressLine())

@@ -82,3 +82,29 @@ def test_a_small_step_that_uses_every_sample_is_capped_by_max_not_called_flat(ip
     ip.run_cell(SIXTY_FOUR.replace("n = min(batch_size, 64)", "n = batch_size")).raise_error()
     result = batchprobe(ip, "step --max-memory 64MiB --max 4096")
     assert result.limited_by == "--max" and result.max_batch_size == 4096
+
+
+# -- --max-seconds ---------------------------------------------------------------------------------------------
+
+SLOW_STEP = """
+import time, torch
+from torch import nn
+net = nn.Linear(4, 4)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+def step(batch_size):
+    held = torch.ones(batch_size, 16384)  # 64 KiB a sample
+    time.sleep(2e-3 * batch_size)         # and 2 ms: a batch of 1,000 takes 2 s a step
+    opt.zero_grad()
+    net(held[:, :4]).sum().backward()
+    opt.step()
+"""
+
+
+def test_max_seconds_stops_the_search_and_the_report_says_so(ip: InteractiveShell) -> None:
+    ip.run_cell(SLOW_STEP).raise_error()
+    result = batchprobe(ip, "step --max-memory 64MiB --max-seconds 2")
+    assert result.limited_by == "time limit" and result.time_limit["seconds"] == 2.0
+    assert result.seconds < 3.5
+    assert "stopped at the 2.00 s time limit before finding the most" in str(result)
+    with pytest.raises(Exception, match="--max-seconds must be a positive number of seconds"):
+        ip.run_line_magic("batchprobe", "step --max-seconds 0")
