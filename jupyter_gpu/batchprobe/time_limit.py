@@ -2,10 +2,11 @@
 largest size that still fits in the time left. Pure Python.
 
 A trial is its steps plus a fixed cost (restoring the state, collecting garbage, the first step's warm-up). A
-step's time is a line in the batch size: a fixed part (Python, kernel launches) and a part per sample; the line
-goes through the steady step times of the two largest sizes that ran, whose per-sample part dominates. Where
-those disagree with a line (the larger was not slower: noise at small sizes), the step time is taken as
-proportional to the batch from the largest, which overestimates and so never lets a trial run long unannounced.
+step's time is taken as proportional to the batch, from the steady step time of the largest size that ran. A step
+has a fixed part too (Python, kernel launches), so this overestimates, and a search stops early rather than late;
+a line through the two largest sizes would not: at the small sizes a search starts from, the fixed part is nearly
+all of the step and the slope between two of them is noise. On a small language model on the CPU (batches 2 and 4
+taking about the same time) such a line let a trial start that was predicted at seconds and took minutes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from jupyter_gpu.batchprobe.result import Trial
 
-# The share of the time left a trial chosen to fit it may be predicted to take: predictions are from a line.
+# The share of the time left a trial chosen to fit it may be predicted to take (a step can grow a little worse
+# than in proportion at large sizes, as caches overflow).
 AFFORDABLE_SHARE = 0.8
 # A size chosen for the time left is tried only when it is this much larger than the largest that ran.
 WORTH_TRYING = 1.25
@@ -40,18 +42,10 @@ def _timed(trials: Sequence[Trial]) -> list[Trial]:
     return [latest[size] for size in sorted(latest)]
 
 
-def _step_line(timed: list[Trial]) -> tuple[float, float]:
-    """(fixed seconds, seconds per sample) of one step."""
-    largest = timed[-1]
+def _per_sample(largest: Trial) -> float:
+    """Seconds per sample of one step at the largest size that ran (an upper bound for larger sizes)."""
     assert largest.step_seconds is not None
-    if len(timed) >= 2:
-        smaller = timed[-2]
-        assert smaller.step_seconds is not None
-        per_sample = (largest.step_seconds - smaller.step_seconds) / (largest.batch_size - smaller.batch_size)
-        fixed = largest.step_seconds - per_sample * largest.batch_size
-        if per_sample > 0 and fixed >= 0:
-            return fixed, per_sample
-    return 0.0, largest.step_seconds / largest.batch_size
+    return largest.step_seconds / largest.batch_size
 
 
 def _fixed_cost(largest: Trial) -> float:
@@ -65,8 +59,7 @@ def predicted_seconds(trials: Sequence[Trial], size: int, steps: int) -> float |
     timed = _timed(trials)
     if not timed:
         return None
-    fixed, per_sample = _step_line(timed)
-    return _fixed_cost(timed[-1]) + steps * (fixed + per_sample * size)
+    return _fixed_cost(timed[-1]) + steps * _per_sample(timed[-1]) * size
 
 
 def affordable_size(trials: Sequence[Trial], seconds_left: float, steps: int) -> int | None:
@@ -75,9 +68,8 @@ def affordable_size(trials: Sequence[Trial], seconds_left: float, steps: int) ->
     timed = _timed(trials)
     if not timed:
         return None
-    fixed, per_sample = _step_line(timed)
-    per_step = (AFFORDABLE_SHARE * seconds_left - _fixed_cost(timed[-1])) / steps - fixed
-    size = int(per_step / per_sample)
+    per_step = (AFFORDABLE_SHARE * seconds_left - _fixed_cost(timed[-1])) / steps
+    size = int(per_step / _per_sample(timed[-1]))
     return size if size >= 1 else None
 
 

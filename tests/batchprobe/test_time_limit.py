@@ -74,17 +74,19 @@ def trial(size: int, step_seconds: float, seconds: float, fitted: bool = True) -
                  samples_per_second=size / step_seconds, steps_run=2, seconds=seconds)
 
 
-def test_a_trial_is_predicted_from_the_step_line_through_the_two_largest_sizes_plus_the_fixed_cost() -> None:
-    # Steps of 1 ms + 1 ms per sample; each trial also spends 50 ms restoring state.
+def test_a_trial_is_predicted_in_proportion_to_the_largest_step_plus_the_fixed_cost() -> None:
+    # Steps of 1 ms + 1 ms per sample; each trial also spends 50 ms restoring state. At 8 a step is 9 ms, so 1.125 ms
+    # a sample: proportional overestimates a larger size (1,000: 1.125 s a step against 1.001 s), never under.
     trials = [trial(2, 0.003, 0.056), trial(4, 0.005, 0.060), trial(8, 0.009, 0.068)]
-    assert predicted_seconds(trials, 1000, steps=2) == pytest.approx(0.05 + 2 * (0.001 + 1.0), rel=1e-6)
+    assert predicted_seconds(trials, 1000, steps=2) == pytest.approx(0.05 + 2 * 1.125, rel=1e-6)
+    assert predicted_seconds(trials, 1000, steps=2) > 0.05 + 2 * (0.001 + 1.0)
     # And the inverse: the largest size whose trial takes at most 80% of the time left.
     size = affordable_size(trials, 10.0, steps=2)
     assert size is not None and predicted_seconds(trials, size, 2) <= 8.0 < predicted_seconds(trials, size + 1, 2)
 
 
-def test_a_larger_size_that_was_not_slower_is_predicted_in_proportion_to_the_largest() -> None:
-    # Noise: 8 took no longer than 4, so no line; proportional to the largest step overestimates, never under.
-    trials = [trial(4, 0.010, 0.03), trial(8, 0.010, 0.03), trial(16, 0.5, 0.03, fitted=False)]
-    assert predicted_seconds(trials, 800, steps=2) == pytest.approx(0.01 + 2 * 0.010 * 100, rel=1e-6)
+def test_small_sizes_that_cost_the_same_do_not_make_a_large_one_look_cheap() -> None:
+    # Batches 2 and 4 both take 40 ms (all fixed cost): a line through them would call batch 9,000 free.
+    trials = [trial(2, 0.040, 0.1), trial(4, 0.040, 0.1), trial(16, 0.5, 0.03, fitted=False)]
+    assert predicted_seconds(trials, 9000, steps=2) == pytest.approx(0.02 + 2 * 0.010 * 9000, rel=1e-6)
     assert predicted_seconds([], 800, steps=2) is None  # the first trial always runs
