@@ -64,6 +64,9 @@ class Run:
     cpu_peak_bytes: int | None = None
     cuda_peak_bytes: int | None = None
     batch_size: int | None = None
+    # Batches the counted step trained on: calls of the model the batch size was read from, per optimizer step
+    # (gradient accumulation's micro-batches; a GAN's two optimizers do not double its generator's batch).
+    batches: int = 1
     scaling: variants.Fp16Scaling | None = None
     first_step_skipped: bool = False  # the GradScaler skipped the first step (its scale overflowed): no update
     compute_dtypes: dict[str, int] = field(default_factory=dict)  # counted step: compute operators by input dtype
@@ -178,20 +181,30 @@ class StepRunner:
                 raise StepRaised(f"{type(exc).__name__}: {_first_line(exc)}") from exc
         if inspect_step:
             record.trained = training.seen
+            # A GAN calls its generator once or twice and steps two optimizers: calls per optimizer step are its
+            # batches (gradient accumulation: 4 calls, 1 step).
+            record.batches = max(1, round(record.batches / max(1, training.optimizer_steps)))
         if outputs is not None:
             record.outputs = outputs.tensors
         return seconds, box.get("value")
 
     def _batch_size_hooks(self, record: Run, stack: ExitStack) -> None:
-        """Forward pre-hooks that read the batch size off the model's first tensor input; `stack` removes them."""
+        """Forward pre-hooks that read the batch size off the model's first tensor input, and count that model's
+        calls in the step (a step that accumulates gradients over 4 micro-batches calls it 4 times: 4 batches a
+        step); `stack` removes them."""
         torch = self.setting.torch
+        sizing: list[int] = []  # id of the module the batch size was read from
 
-        def seen(_module: Any, args: tuple, kwargs: dict) -> None:
+        def seen(module: Any, args: tuple, kwargs: dict) -> None:
             if record.batch_size is None:
                 for value in (*args, *kwargs.values()):
                     if isinstance(value, torch.Tensor) and value.dim() >= 1:
                         record.batch_size = int(value.shape[0])
+                        sizing.append(id(module))
+                        record.batches = 1
                         return
+            elif sizing and sizing[0] == id(module):
+                record.batches += 1
 
         for module in self.setting.objects.modules:
             stack.callback(module.register_forward_pre_hook(seen, with_kwargs=True).remove)
@@ -295,13 +308,18 @@ class TrainingSeen:
         self._params = [param for param in params if param.requires_grad]
         self._handles: list[Any] = []
         self.seen = False
+        self.optimizer_steps = 0
 
     def __enter__(self) -> TrainingSeen:
         def saw(*_: Any) -> None:
             self.seen = True
 
+        def stepped(*_: Any) -> None:
+            self.seen = True
+            self.optimizer_steps += 1
+
         from torch.optim.optimizer import register_optimizer_step_pre_hook
-        self._handles = [register_optimizer_step_pre_hook(saw)]
+        self._handles = [register_optimizer_step_pre_hook(stepped)]
         self._handles += [param.register_post_accumulate_grad_hook(saw) for param in self._params]
         return self
 

@@ -119,6 +119,10 @@ def footer_rows(result: SpeedProbeResult) -> list[tuple[str, str]]:
     if result.repeatability is not None:
         rows.append(("repeatability", _repeatability_line(result.repeatability)))
     rows.append(("steps compared", f"{result.steps} per configuration, from the same weights and batch"))
+    if result.batch_size and result.batches_per_step > 1:
+        rows.append(("samples", f"{result.batches_per_step} batches of {result.batch_size} per step (the model was "
+                                f"called {result.batches_per_step} times a step: gradient accumulation), counted "
+                                "in samples/s"))
     rows.extend(("note", note) for note in result.notes)
     if result.restored:
         rows.append(("restored", f"{', '.join(result.restored)} exactly as before"))

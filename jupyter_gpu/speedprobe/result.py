@@ -117,6 +117,9 @@ class SpeedProbeResult(RichResult):
     restored: list[str] = field(default_factory=list)  # what was put back: "model", "opt", "global flags", ...
     seconds: float = 0.0                   # wall time of the whole probe
     interrupted: bool = False
+    # Batches one call of the step trains on: the calls of the model the batch size was read from (gradient
+    # accumulation calls it once per micro-batch).
+    batches_per_step: int = 1
 
     @property
     def baseline_seconds(self) -> float | None:
@@ -130,7 +133,7 @@ class SpeedProbeResult(RichResult):
 
     def samples_per_second(self, trial: OptionTrial) -> float | None:
         seconds = trial.seconds
-        return self.batch_size / seconds if self.batch_size and seconds else None
+        return self.batch_size * self.batches_per_step / seconds if self.batch_size and seconds else None
 
     def code(self) -> list[str]:
         """The lines to adopt the best configuration; empty when nothing tried beats the step as it is."""

@@ -375,7 +375,8 @@ class _Probe:
             notes.append(f"only {len(baseline.times)} timed steps")
         return SpeedProbeResult(
             step_name=self.step_name, device=str(self.setting.device),
-            batch_size=run.batch_size if run is not None else None, baseline=baseline, options=singles_measured,
+            batch_size=run.batch_size if run is not None else None,
+            batches_per_step=run.batches if run is not None else 1, baseline=baseline, options=singles_measured,
             combination=self.combination, best=best, launch=self._launch(baseline, run),
             code_context=self._code_context(), repeatability=self.repeat_noise, steps=self.request.steps,
             notes=notes, restored=[*restored, "RNG", "global flags"] if restored else ["RNG", "global flags"],

@@ -409,3 +409,40 @@ def test_a_step_that_only_accumulates_gradients_is_still_training() -> None:
     fp16 = result.option("amp-fp16")
     assert fp16.title == "fp16 autocast + GradScaler" and fp16.agreement.compared == "update"
     assert fp16.agrees is False and "without a scaler" in fp16.agreement.failure
+
+
+def test_samples_per_second_counts_every_micro_batch_of_an_accumulating_step() -> None:
+    training = mlp_with_adam()
+    model, opt = training.model, training.opt
+
+    def step() -> torch.Tensor:  # four micro-batches of 8, one optimizer step
+        opt.zero_grad()
+        for _ in range(4):
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,))) / 4
+            loss.backward()
+        opt.step()
+        return loss
+
+    result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace=training.namespace())
+    assert result.batch_size == 8 and result.batches_per_step == 4
+    assert result.samples_per_second(result.baseline) == pytest.approx(32 / result.baseline.seconds)
+    assert "4 batches of 8 per step" in str(result)
+
+
+def test_a_gan_step_calling_its_generator_twice_for_two_optimizers_is_one_batch() -> None:
+    torch.manual_seed(0)
+    generator, critic = nn.Linear(8, 16), nn.Linear(16, 1)
+    opt_g, opt_d = torch.optim.Adam(generator.parameters()), torch.optim.Adam(critic.parameters())
+
+    def step() -> None:
+        real = torch.randn(32, 16)
+        opt_d.zero_grad()
+        (critic(generator(torch.randn(32, 8)).detach()).mean() - critic(real).mean()).backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        (-critic(generator(torch.randn(32, 8))).mean()).backward()
+        opt_g.step()
+
+    namespace = {"G": generator, "D": critic, "opt_g": opt_g, "opt_d": opt_d}
+    result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace=namespace)
+    assert result.batch_size == 32 and result.batches_per_step == 1
