@@ -321,3 +321,25 @@ lrs_before = (sched.get_last_lr(), [g["lr"] for g in opt.param_groups], sched.la
             ns["sched"].last_epoch) == ns["lrs_before"]
     assert list(work.iterdir()) == [] and list(temporary.iterdir()) == []
     assert not any(name.endswith(".ckpt") for name in os.listdir(work))
+
+
+KEEPS_A_SCALAR = IMPORTS + """
+torch.manual_seed(0)
+net = nn.Linear(64, 10)
+sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+last = {}
+def step(batch_size):
+    sgd.zero_grad()
+    loss = F.cross_entropy(net(torch.randn(batch_size, 64)), torch.randint(0, 10, (batch_size,)))
+    loss.backward()
+    sgd.step()
+    last["loss"] = loss.detach()  # the last loss for logging: a 4-byte scalar outlives each trial
+"""
+
+
+def test_a_scalar_kept_between_calls_is_not_reported(ip: InteractiveShell) -> None:
+    ip.run_cell(KEEPS_A_SCALAR).raise_error()
+    result = probe(ip, "step --max-memory 8MiB")
+    forget(ip, "net", "sgd", "last", "step")
+    assert result.max_batch_size > 0
+    assert result.leftovers == [] and "between calls" not in str(result)
