@@ -248,6 +248,11 @@ def _notes(result: BatchProbeResult) -> list[str]:
     notes = list(result.notes)
     if result.interrupted:
         notes.insert(0, "Interrupted: these are the trials finished so far; the state was put back.")
+    batches = max((t.batches for t in result.trials if t.fitted), default=1)
+    if batches > 1:
+        notes.append(f"Each call of the step trains {batches} batches of the size tried (the model ran {batches} "
+                     "times per optimizer step: gradient accumulation); memory is that of one such batch, and "
+                     "samples/s counts all of them.")
     return notes
 
 

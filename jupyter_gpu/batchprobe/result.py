@@ -30,6 +30,9 @@ class Trial:
     steps_run: int = 0
     seconds: float = 0.0              # wall time of the whole trial, cleanup included
     needed_bytes: int | None = None   # a trial the memory budget refused: what it would have held then
+    # Batches of `batch_size` one call of the step trains on: the model's calls per optimizer step (a step that
+    # accumulates gradients over 4 micro-batches: 4); samples_per_second counts them all.
+    batches: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

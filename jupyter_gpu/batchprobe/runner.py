@@ -33,6 +33,7 @@ from jupyter_gpu.batchprobe.search import (
 from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.release import release_last_error
+from jupyter_gpu.probekit.step_census import StepCensus
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -210,7 +211,8 @@ class _Runner:
             while (size := self.search.next_size()) is not None:
                 how = self.search.last_step
                 if self._past_time_limit(size):
-                    self._last_trial_in_time(size)
+                    if self._trial_in_time_left(size):
+                        continue  # the search chooses again, knowing how a larger step scales
                     break
                 self._trial(size, VERIFY if how == "re-run" else SEARCH, how)
                 if self.switch_to is not None or self.leak is not None:
@@ -250,8 +252,9 @@ class _Runner:
         return size if trial.fitted else max(smaller, default=0)
 
     def _past_time_limit(self, size: int, stop: bool = True) -> bool:
-        """Whether a trial at `size` would end past --max-seconds (time_limit.predicted_seconds; the first trial
-        always runs). `stop`: record the limit, which ends the search."""
+        """Whether a trial at `size` is predicted to end past --max-seconds (time_limit.predicted_seconds; the
+        first trial always runs). `stop`: record the limit, which ends the search unless a smaller trial fits in
+        the time left."""
         limit = self.request.max_seconds
         predicted = predicted_seconds(self.trials, size, self.request.steps) if limit is not None else None
         if limit is None or predicted is None or self._elapsed() + predicted <= limit:
@@ -260,14 +263,22 @@ class _Runner:
             self.time_limit = TimeLimit(limit, size, predicted)
         return True
 
-    def _last_trial_in_time(self, next_size: int) -> None:
-        """Before stopping for time, try the largest size the time left affords, where that says more than the
-        largest that ran: the search may have been about to jump far (its memory model predicted the limit)."""
+    def _trial_in_time_left(self, next_size: int) -> bool:
+        """Instead of `next_size`, try the largest size the time left affords, where that says more than the
+        largest that ran; False when there is none (the search stops). The prediction scales the largest step in
+        proportion, which from the small sizes a search starts at overestimates many times (their fixed cost is
+        nearly all of the step; a step that ignores batch_size costs the same at any size): the trial measures
+        how a larger step really scales, and the search goes on with that."""
         assert self.request.max_seconds is not None
         size = affordable_size(self.trials, self.request.max_seconds - self._elapsed(), self.request.steps)
-        if worth_trying(size, self.search.largest_fit, next_size):
-            assert size is not None
-            self._trial(size, SEARCH, "time left")
+        if not worth_trying(size, self.search.largest_fit, next_size):
+            self.search.instead("not tried")
+            return False
+        assert size is not None
+        self.search.instead("time left")
+        self._trial(size, SEARCH, "time left")
+        self.time_limit = None
+        return True
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._started
@@ -279,8 +290,9 @@ class _Runner:
         times: list[float] = []
         live_after: list[int] = []  # what each call left live
         failure = None
+        census = StepCensus(self.torch, self.objects.modules, self.objects.parameters())
         try:
-            with self.budget.trial(), self._autocast():
+            with self.budget.trial(), self._autocast(), census:
                 for _ in range(self.request.steps):
                     self.budget.synchronize()
                     step_started = time.perf_counter()
@@ -311,7 +323,8 @@ class _Runner:
             gc.collect()
         self.budget.release_cache()
         self._note_other_device()
-        trial = _trial_record(size, purpose, how, failure, peak, times, time.perf_counter() - started, needed)
+        trial = _trial_record(size, purpose, how, failure, peak, times, time.perf_counter() - started, needed,
+                              census.batches)
         self.trials.append(trial)
         if purpose != RECOMMEND and self.switch_to is None:
             fitted = trial.fitted
@@ -357,13 +370,13 @@ class _Runner:
 
 
 def _trial_record(size: int, purpose: str, how: str, failure: Any, peak: Any, times: list[float],
-                  seconds: float, needed: int | None) -> Trial:
+                  seconds: float, needed: int | None, batches: int = 1) -> Trial:
     fitted = failure is None
     steady = statistics.median(times[1:]) if len(times) > 1 else (times[0] if times else None)
     return Trial(
         batch_size=size, fitted=fitted, peak_bytes=peak.bytes if fitted else None,
         step_seconds=steady if fitted else None,
-        samples_per_second=size / steady if fitted and steady else None,
+        samples_per_second=size * batches / steady if fitted and steady else None, batches=batches,
         purpose=purpose, how=how,
         failure=None if failure is None else describe(failure),
         failure_kind=None if failure is None else str(failure.kind),

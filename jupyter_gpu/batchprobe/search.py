@@ -141,6 +141,14 @@ class BatchSizeSearch:
             self._hows.append(self._how)
         return size
 
+    def instead(self, how: str) -> None:
+        """The size `next_size` chose is not tried; another one, chosen as `how`, is (or none, when `how` is
+        "not tried"): its outcome is recorded next, as usual."""
+        self._hows.pop()
+        if how != "not tried":
+            self._hows.append(how)
+        self._how = how
+
     def _choose(self) -> tuple[int | None, str]:
         if not self.outcomes:
             return self.start, "start"

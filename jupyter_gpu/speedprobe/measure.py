@@ -21,6 +21,7 @@ from jupyter_gpu.gputime.opcount import OpCounter
 from jupyter_gpu.kernel_torch import handler_mode
 from jupyter_gpu.probekit.batch_structure import leaves
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
+from jupyter_gpu.probekit.step_census import StepCensus
 from jupyter_gpu.speedprobe import variants
 from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
 from jupyter_gpu.speedprobe.variants import StepSetting
@@ -159,8 +160,7 @@ class StepRunner:
         torch = self.setting.torch
         with ExitStack() as watching:
             if inspect_step:
-                self._batch_size_hooks(record, watching)
-                training = watching.enter_context(TrainingSeen(torch, self.params))
+                census = watching.enter_context(StepCensus(torch, self.setting.objects.modules, self.params))
             outputs = watching.enter_context(OutputCapture(torch, self.setting.objects.models())) \
                 if capture_outputs else None
             try:
@@ -180,34 +180,11 @@ class StepRunner:
             except Exception as exc:
                 raise StepRaised(f"{type(exc).__name__}: {_first_line(exc)}") from exc
         if inspect_step:
-            record.trained = training.seen
-            # A GAN calls its generator once or twice and steps two optimizers: calls per optimizer step are its
-            # batches (gradient accumulation: 4 calls, 1 step).
-            record.batches = max(1, round(record.batches / max(1, training.optimizer_steps)))
+            record.trained = census.trained
+            record.batch_size, record.batches = census.batch_size, census.batches
         if outputs is not None:
             record.outputs = outputs.tensors
         return seconds, box.get("value")
-
-    def _batch_size_hooks(self, record: Run, stack: ExitStack) -> None:
-        """Forward pre-hooks that read the batch size off the model's first tensor input, and count that model's
-        calls in the step (a step that accumulates gradients over 4 micro-batches calls it 4 times: 4 batches a
-        step); `stack` removes them."""
-        torch = self.setting.torch
-        sizing: list[int] = []  # id of the module the batch size was read from
-
-        def seen(module: Any, args: tuple, kwargs: dict) -> None:
-            if record.batch_size is None:
-                for value in (*args, *kwargs.values()):
-                    if isinstance(value, torch.Tensor) and value.dim() >= 1:
-                        record.batch_size = int(value.shape[0])
-                        sizing.append(id(module))
-                        record.batches = 1
-                        return
-            elif sizing and sizing[0] == id(module):
-                record.batches += 1
-
-        for module in self.setting.objects.modules:
-            stack.callback(module.register_forward_pre_hook(seen, with_kwargs=True).remove)
 
     def _loss_value(self, value: Any, record: Run) -> float | None:
         torch = self.setting.torch
@@ -295,37 +272,6 @@ class OutputCapture:
                 flat = value.detach().reshape(-1)
                 stride = -(-flat.numel() // MAX_OUTPUT_ELEMENTS)
                 self.tensors.append(flat[::stride].to("cpu", dtype=torch.float32, copy=True))
-
-
-class TrainingSeen:
-    """Whether one call trained: an optimizer's step ran (torch's global step hooks) or a gradient was accumulated
-    into a parameter (`register_post_accumulate_grad_hook`, which also fires when a GradScaler then skips the step,
-    or under gradient accumulation before the step). Reading `.grad` could not tell: an evaluation after training
-    finds the last training step's gradients still there."""
-
-    def __init__(self, torch: Any, params: list[Any]) -> None:
-        self._torch = torch
-        self._params = [param for param in params if param.requires_grad]
-        self._handles: list[Any] = []
-        self.seen = False
-        self.optimizer_steps = 0
-
-    def __enter__(self) -> TrainingSeen:
-        def saw(*_: Any) -> None:
-            self.seen = True
-
-        def stepped(*_: Any) -> None:
-            self.seen = True
-            self.optimizer_steps += 1
-
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-        self._handles = [register_optimizer_step_pre_hook(stepped)]
-        self._handles += [param.register_post_accumulate_grad_hook(saw) for param in self._params]
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        for handle in self._handles:
-            handle.remove()
 
 
 class ComputeDtypes:

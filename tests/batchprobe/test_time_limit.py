@@ -90,3 +90,21 @@ def test_small_sizes_that_cost_the_same_do_not_make_a_large_one_look_cheap() -> 
     trials = [trial(2, 0.040, 0.1), trial(4, 0.040, 0.1), trial(16, 0.5, 0.03, fitted=False)]
     assert predicted_seconds(trials, 9000, steps=2) == pytest.approx(0.02 + 2 * 0.010 * 9000, rel=1e-6)
     assert predicted_seconds([], 800, steps=2) is None  # the first trial always runs
+
+
+def test_a_step_whose_time_does_not_grow_is_searched_to_the_end_despite_a_first_prediction_past_the_limit() -> None:
+    # Every size costs the same 20 ms a step: scaled from batch 4, batch 65,536 looks like minutes, but the trials
+    # in the time left show it is not, and the search reaches --max.
+    model = nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch_size: int) -> None:
+        time.sleep(0.02)
+        opt.zero_grad()
+        model(torch.ones(min(batch_size, 8), 4)).sum().backward()
+        opt.step()
+
+    namespace = {"model": model, "opt": opt}
+    result = run_probe(step, ProbeRequest(max_memory=64 * MiB, max_seconds=4.0), namespace=namespace)
+    assert result.time_limit is None and result.limited_by in ("--max", "ignores batch_size"), result.limited_by
+    assert any(t.how == "time left" for t in result.trials)  # the first prediction was past the limit

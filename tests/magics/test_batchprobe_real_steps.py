@@ -343,3 +343,26 @@ def test_a_scalar_kept_between_calls_is_not_reported(ip: InteractiveShell) -> No
     forget(ip, "net", "sgd", "last", "step")
     assert result.max_batch_size > 0
     assert result.leftovers == [] and "between calls" not in str(result)
+
+
+ACCUMULATES = IMPORTS + """
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+sgd = torch.optim.SGD(net.parameters(), lr=0.1)
+def step(batch_size):  # gradient accumulation: 4 micro-batches of batch_size, one optimizer step
+    sgd.zero_grad()
+    for _ in range(4):
+        loss = F.cross_entropy(net(torch.randn(batch_size, 64)), torch.randint(0, 10, (batch_size,))) / 4
+        loss.backward()
+    sgd.step()
+"""
+
+
+def test_an_accumulating_step_counts_every_micro_batch_in_samples_per_second(ip: InteractiveShell) -> None:
+    ip.run_cell(ACCUMULATES).raise_error()
+    result = probe(ip, "step --max-memory 8MiB")
+    forget(ip, "net", "sgd", "step")
+    fitted = [t for t in result.trials if t.fitted]
+    assert fitted and all(t.batches == 4 for t in fitted)
+    assert all(t.samples_per_second == pytest.approx(4 * t.batch_size / t.step_seconds) for t in fitted)
+    assert "Each call of the step trains 4 batches of the size tried" in str(result)
