@@ -80,7 +80,7 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
             share = result.of_ceiling
             add("compute below this device's matmul ceiling", compute - at_ceiling,
                 _command(result, "%speedprobe", "%speedprobe STEP"),
-                f"forward+backward+optimizer {format_seconds(compute)} per step at "
+                f"{result.compute_phases} {format_seconds(compute)} per step at "
                 f"{share:.0%} of what a big {result.compute} matmul reaches here; mixed precision, channels_last, "
                 "fused optimizers and torch.compile are measured by %speedprobe" if share is not None else "")
     # Models already compiled are not told to compile; when every model the loop called is, fusion is done.

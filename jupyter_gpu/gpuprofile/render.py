@@ -94,7 +94,8 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
                     if result.batches_per_step > 1 else f"batch of {result.batch_size}")
         rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s ({per_step})"))
     if result.flops:
-        rows.append(("FLOPs", f"{result.flops / 1e9:,.3f} GFLOP per step (forward and backward, "
+        counted = "forward and backward" if "backward" in result.compute_phases else "forward only: no backward ran"
+        rows.append(("FLOPs", f"{result.flops / 1e9:,.3f} GFLOP per step ({counted}, "
                               f"torch.utils.flop_counter formulas), {result.compute}"))
     if result.achieved_flops:
         achieved = f"{result.achieved_flops / 1e12:.3g} TFLOP/s"

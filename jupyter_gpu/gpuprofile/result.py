@@ -350,6 +350,14 @@ class ProfileResult(RichResult):
     def bucket(self, key: str) -> Bucket | None:
         return next((b for b in self.breakdown if b.key == key), None)
 
+    @property
+    def compute_phases(self) -> str:
+        """The phases the step computed in, as the report names them: "forward+backward+optimizer", or "forward"
+        for an evaluation loop (no backward, no optimizer step took time)."""
+        phases = [name for key, name in ((FORWARD, "forward"), (BACKWARD, "backward"), (OPTIMIZER, "optimizer"))
+                  if (bucket := self.bucket(key)) is not None and bucket.seconds > 0]
+        return "+".join(phases) or "forward+backward+optimizer"
+
     def figures(self) -> RunFigures:
         data, sync = self.bucket(DATA), self.bucket(SYNC)
         return RunFigures(seconds=self.seconds, samples_per_second=self.samples_per_second, mfu=self.mfu,

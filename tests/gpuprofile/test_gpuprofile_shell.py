@@ -228,6 +228,9 @@ def test_an_evaluation_loop_counts_batches(ip) -> None:
     assert result.counted == "DataLoader batches" and result.steps == 5
     assert [s.line for s in result.syncs] == [6]
     assert any("No optimizer step ran" in note for note in result.notes)
+    # Its FLOPs and compute are the forward's alone, and the report does not speak of a backward.
+    assert result.compute_phases == "forward"
+    assert "(forward only: no backward ran," in str(result) and "forward and backward" not in str(result)
 
 
 def test_a_cell_without_a_loop_is_one_step(ip) -> None:
