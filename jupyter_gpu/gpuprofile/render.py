@@ -222,8 +222,7 @@ def _applied_rows(applied: AppliedFixes) -> list[tuple[str, ...]]:
     def mean_loss(f: RunFigures) -> str:
         return f"{statistics.fmean(f.losses):.{decimals}f}" if f.losses else "n/a"
 
-    return [("", "before", "after"),
-            row("step", lambda f: format_seconds(f.seconds)),
+    rows = [row("step", lambda f: format_seconds(f.seconds)),
             row("samples/s", lambda f: format_rate(f.samples_per_second)),
             row("MFU", lambda f: share(f.mfu)),
             row("of the matmul ceiling", lambda f: share(f.of_ceiling)),
@@ -231,6 +230,8 @@ def _applied_rows(applied: AppliedFixes) -> list[tuple[str, ...]]:
             row("waiting for data", lambda f: share(f.data_share)),
             row("syncs", lambda f: share(f.sync_share)),
             row("loss (mean of the steps)", mean_loss)]
+    # A figure neither run has (MFU on a CPU, a loss in an evaluation loop) is left out, not shown as n/a twice.
+    return [("", "before", "after"), *(r for r in rows if any(value not in ("n/a", "") for value in r[1:]))]
 
 
 def _applied_text(applied: AppliedFixes) -> list[str]:

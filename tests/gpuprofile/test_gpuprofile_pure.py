@@ -645,3 +645,15 @@ def test_apply_shows_both_runs_mean_loss_with_the_same_decimals() -> None:
     applied = AppliedFixes(["bf16 autocast"], [], [], [], run([2.32, 2.32]), run([2.31, 2.30]))
     row = next(line for line in str(replace(profile(), applied=applied)).splitlines() if "loss (mean" in line)
     assert row.split()[-2:] == ["2.320", "2.305"]  # not "2.32" beside "2.305"
+
+
+def test_apply_leaves_out_a_figure_neither_run_has() -> None:
+    # An evaluation loop on a CPU: no MFU (no datasheet), no peak memory (no CUDA allocator), no loss.
+    def run(seconds: float) -> RunFigures:
+        return RunFigures(seconds, 64 / seconds, None, 0.2, None, 0.07, 0.0, [])
+
+    applied = AppliedFixes(["bf16 autocast"], [], [], [], run(0.016), run(0.013))
+    shown = str(replace(profile(), applied=applied))
+    table = shown[shown.index("--apply"):]
+    assert "n/a" not in table and "MFU" not in table and "loss (mean" not in table
+    assert "of the matmul ceiling" in table and "samples/s" in table
