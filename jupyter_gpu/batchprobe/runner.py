@@ -33,6 +33,7 @@ from jupyter_gpu.batchprobe.search import (
 from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.release import release_last_error
+from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_census import StepCensus
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
@@ -115,23 +116,25 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         snapshot = StateSnapshot.take(objects)
         budget.exclude(snapshot.host_tensors())
         runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
-        try:
-            runner.run()
-            if runner.switch_to is not None:  # the first trial showed the work is on another device
-                budget.close()
-                budget = _budget_for(torch, request.max_memory, runner.switch_to)
-                budget.exclude(snapshot.host_tensors())
-                notes.append(f"The step put its tensors on {budget.device}: the probe started again there.")
-                budget.release_cache()
-                memory_before = budget.in_use()
-                baseline = _holders(torch, namespace, objects, budget)
-                runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
+        # A OneCycleLR the step calls starts over at its end instead of raising (probekit/schedules.py).
+        with restarting_schedules(objects.schedulers) as restarted:
+            try:
                 runner.run()
-        finally:
-            runner.ticker.stop()
-            if not runner.broken:
-                snapshot.restore()
-            (progress or _silent)("")
+                if runner.switch_to is not None:  # the first trial showed the work is on another device
+                    budget.close()
+                    budget = _budget_for(torch, request.max_memory, runner.switch_to)
+                    budget.exclude(snapshot.host_tensors())
+                    notes.append(f"The step put its tensors on {budget.device}: the probe started again there.")
+                    budget.release_cache()
+                    memory_before = budget.in_use()
+                    baseline = _holders(torch, namespace, objects, budget)
+                    runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
+                    runner.run()
+            finally:
+                runner.ticker.stop()
+                if not runner.broken:
+                    snapshot.restore()
+                (progress or _silent)("")
         snapshot_bytes = snapshot.host_bytes
         del snapshot, runner.snapshot  # the host copies go now: the "after" figure must not count them
         release_last_error(shell)  # collects, too
@@ -139,6 +142,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         memory_after = budget.in_use()
     finally:
         budget.close()
+    notes += [restarted_note(name) for name in restarted]
     return _result(runner, request, budget, [*objects.names(), "RNG"], notes, memory_before, memory_after,
                    snapshot_bytes, time.perf_counter() - started, baseline)
 

@@ -38,6 +38,7 @@ from jupyter_gpu.dataprobe.result import (
 )
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -127,13 +128,16 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
             step_name = getattr(step, "__name__", type(step).__name__)
     probe = _Probe(torch, recipe, target, restore, request, progress or _silent, loader, loader_name, context)
     memory_before = _cuda_allocated(torch)
+    restarted: list[str] = []
     try:
-        probe.run()
+        with restarting_schedules(objects.schedulers) as restarted:
+            probe.run()
     finally:
         probe.ticker.stop()
         restore()
         (progress or _silent)("")
         gc.collect()  # the fresh loaders and their batches go now, not at some later collection
+    probe.notes += [restarted_note(name) for name in restarted]
     memory_after = _cuda_allocated(torch)
     if memory_before is not None and memory_after is not None and memory_after > memory_before:
         probe.notes.append(f"CUDA memory in use is {format_bytes(memory_after - memory_before)} above where it was "

@@ -24,6 +24,7 @@ from typing import Any
 from jupyter_gpu.gpuprofile.lift import DATA_STEP, TRAIN_STEP
 from jupyter_gpu.gpuprofile.plan import DATA_SHARE
 from jupyter_gpu.gpuprofile.result import DATA, ProfileResult
+from jupyter_gpu.probekit.training_state import set_value_at, value_at
 
 OPTIONS = ("amp-bf16", "tf32", "channels-last", "fused-optimizer")
 PROBE_STEPS = 8
@@ -93,7 +94,7 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
 
         name = loaders[0]
         plan.checked.append(f"%dataprobe {name} --step {DATA_STEP} --seconds {data_seconds:g}")
-        probe = run_dataprobe(namespace[name], namespace[DATA_STEP], DataProbeRequest(seconds=data_seconds),
+        probe = run_dataprobe(value_at(namespace, name), namespace[DATA_STEP], DataProbeRequest(seconds=data_seconds),
                               loader_name=name, step_name=DATA_STEP, namespace=namespace, progress=progress)
         if probe.interrupted:
             plan.interrupted = "%dataprobe"
@@ -118,12 +119,13 @@ def applied_run(torch: Any, namespace: dict[str, Any], plan: FixPlan, objects: A
         with ExitStack() as stack:
             applied = apply(plan.options, StepSetting(torch, objects, device), stack) if plan.options else None
             if plan.loader is not None:
-                original = namespace[plan.loader]
+                loader = plan.loader  # `train_loader`, or a trainer's `trainer.train_loader`
+                original = value_at(namespace, loader)
                 replacement = recipe_of(original).build(plan.loader_settings, counting=False)
-                namespace[plan.loader] = replacement
+                set_value_at(namespace, loader, replacement)
 
                 def put_back() -> None:
-                    namespace[plan.loader] = original
+                    set_value_at(namespace, loader, original)
                     iterator = getattr(replacement, "_iterator", None)
                     if iterator is not None:
                         shut_down(iterator)  # persistent workers of the replacement: not the user's to keep

@@ -51,6 +51,7 @@ from jupyter_gpu.gpuprofile.result import (
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.batch_structure import first_dimension
+from jupyter_gpu.probekit.training_state import named_values
 
 TIMELINE_STEPS = 3  # steps under torch.profiler for the kernel timeline (CUDA only), after the counted step
 
@@ -574,8 +575,10 @@ def loaders_seen(namespace: dict[str, Any], samplers: list[Any], loader_type: ty
     """The notebook's names for the DataLoaders that yielded batches, in the order of `samplers`. An iterator keeps
     no reference to its loader, but it shares the loader's index sampler (`DataLoader._index_sampler`)."""
     named: list[tuple[int, str]] = []
-    for name, value in namespace.items():
-        if isinstance(value, loader_type) and not name.startswith("_"):
+    seen: set[int] = set()
+    for name, value in named_values(namespace):  # `train_loader`, or a trainer's `trainer.train_loader`
+        if isinstance(value, loader_type) and id(value) not in seen:
+            seen.add(id(value))
             try:
                 sampler = value._index_sampler
             except AttributeError:

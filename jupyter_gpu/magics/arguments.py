@@ -49,7 +49,15 @@ class NamedObject:
         return name
 
     def look_up(self, namespace: dict[str, Any], name: str) -> Any:
-        if name not in namespace:
+        """The notebook's `name`, or an attribute path from one (`trainer.train_loader`, as the probes print an
+        object a trainer holds); attributes are read as Python reads them (a property runs)."""
+        from jupyter_gpu.probekit.training_state import value_at
+
+        head, *path = name.split(".")
+        if head not in namespace or not all(part.isidentifier() for part in path):
             raise UsageError(f"{self.magic}: there is no {self.what} {name!r} in the notebook; define "
                              f"{self.definition.format(name=name)} first.")
-        return namespace[name]
+        try:
+            return value_at(namespace, name)
+        except AttributeError as exc:
+            raise UsageError(f"{self.magic}: there is no {self.what} {name!r} in the notebook ({exc}).") from None

@@ -143,8 +143,22 @@ def _chain_candidates(*sources: Iterable[tuple[str, Any]]) -> Iterator[tuple[str
 
 
 def _with_items(label: str, value: object) -> Iterator[tuple[str, Any]]:
-    """The value itself, then what a dict, list or tuple value holds (one level)."""
+    """The value itself, then what a dict, list or tuple value holds (one level), or the attributes of an object of
+    the user's own (a `Trainer` holding `self.model`, `self.optimizer`, `self.scheduler`: `trainer.model`, ...)."""
     yield label, value
+    if _holds_attributes(value):
+        for count, (name, attribute) in enumerate(list(vars(value).items())):
+            if count >= _MAX_CONTAINER_ITEMS:
+                return
+            if isinstance(name, str):
+                yield from _with_container_items(f"{label}.{name}", attribute)
+        return
+    yield from _with_container_items(label, value, itself=False)
+
+
+def _with_container_items(label: str, value: object, itself: bool = True) -> Iterator[tuple[str, Any]]:
+    if itself:
+        yield label, value
     if isinstance(value, dict):
         items: Iterable[tuple[Any, Any]] = value.items()
     elif isinstance(value, list | tuple):
@@ -155,6 +169,53 @@ def _with_items(label: str, value: object) -> Iterator[tuple[str, Any]]:
         if count >= _MAX_CONTAINER_ITEMS:
             return
         yield f"{label}[{key!r}]", item
+
+
+# Objects whose attributes are never training state of the user's: the shell's own, and torch's and the standard
+# library's (a DataLoader's attributes are its dataset and sampler; torch's training objects are found themselves).
+_FOREIGN_MODULES = ("builtins", "IPython", "ipykernel", "jupyter_client", "traitlets", "torch", "typing", "types",
+                    "collections", "functools", "jupyter_gpu", "numpy", "pandas", "matplotlib", "tqdm")
+
+
+def _holds_attributes(value: object) -> bool:
+    """An instance of a class of the user's (or of a library's training loop, such as a Trainer), whose attributes
+    may hold the model, optimizer and scheduler: not a class, module or function, and not of a class from torch (a
+    model's own attributes are its parameters and submodules) or the shell."""
+    if isinstance(value, type) or inspect.ismodule(value) or inspect.isroutine(value):
+        return False
+    try:
+        attributes = vars(value)
+    except TypeError:  # no __dict__ (slots, builtins)
+        return False
+    foreign = any((getattr(cls, "__module__", "") or "").split(".")[0] in _FOREIGN_MODULES
+                  for cls in type(value).__mro__ if cls is not object)
+    return isinstance(attributes, dict) and not foreign
+
+
+def named_values(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """What the probes look for training objects and loaders among, each with the notebook's name for it: the
+    namespace's values (not "_" names, not In/Out), one level inside dicts, lists and tuples, and the attributes of
+    objects of the user's own classes (`trainer.model`, `trainer.train_loader`)."""
+    return _namespace_candidates(namespace)
+
+
+def value_at(namespace: Mapping[str, Any], path: str) -> Any:
+    """What a name from `named_values` refers to: a notebook variable, or an attribute path from one
+    (`trainer.train_loader`). KeyError for an unknown variable, AttributeError for a missing attribute."""
+    head, *attributes = path.split(".")
+    value = namespace[head]
+    for attribute in attributes:
+        value = getattr(value, attribute)
+    return value
+
+
+def set_value_at(namespace: dict[str, Any], path: str, value: Any) -> None:
+    """Put `value` where `path` (as `value_at` reads it) points: the variable, or the attribute of its owner."""
+    owner, _, attribute = path.rpartition(".")
+    if owner:
+        setattr(value_at(namespace, owner), attribute, value)
+    else:
+        namespace[path] = value
 
 
 def _namespace_candidates(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:

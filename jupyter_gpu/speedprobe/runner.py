@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 from jupyter_gpu.speedprobe import decide, variants
@@ -96,8 +97,10 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     user_compiled = _user_compiled_code()
     probe = _Probe(step, name, setting, request, snapshot, flags, progress)
     interrupted = False
+    restarted: list[str] = []
     try:
-        probe.run()
+        with restarting_schedules((protected if protected.objects() else objects).schedulers) as restarted:
+            probe.run()
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -105,6 +108,7 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         probe.put_back()
         (progress or _silent)("")
         gc.collect()
+    probe.notes += [restarted_note(name) for name in restarted]
     return probe.result(interrupted, (protected if protected.objects() else objects).names(), user_compiled)
 
 

@@ -17,6 +17,8 @@ import torch
 from IPython.core.error import UsageError
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from jupyter_gpu.speedprobe.catalog import adopt_lines
+
 MLP = """
 import torch, time
 from torch import nn
@@ -715,3 +717,77 @@ def test_an_evaluation_loop_under_inference_mode_gets_a_step_that_runs_under_it_
     assert result.counted == "DataLoader batches" and result.steps == 3
     assert "with torch.inference_mode():" in result.ready_steps[0].code
     ip.run_cell("profile_train_step(); profile_sized_step(5)").raise_error()
+
+
+# -- a Trainer class that holds the model, optimizer, scheduler and loaders as attributes --------------------
+
+TRAINER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+torch.manual_seed(0)
+
+class Rows(Dataset):
+    def __init__(self, n):
+        self.x = torch.randn(n, 16)
+        self.y = (self.x[:, 0] > 0).long()
+    def __len__(self):
+        return len(self.x)
+    def __getitem__(self, i):
+        return {"features": self.x[i], "target": self.y[i]}
+
+class Trainer:
+    def __init__(self, model, epochs=2):
+        self.model = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        self.train_loader = DataLoader(Rows(512), batch_size=32, shuffle=True)
+        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, max_lr=1e-3,
+                                                             total_steps=epochs * len(self.train_loader))
+        self.epochs = epochs
+    def training_step(self, batch):
+        return F.cross_entropy(self.model(batch["features"]), batch["target"])
+    def fit(self):
+        for epoch in range(self.epochs):
+            for batch in self.train_loader:
+                loss = self.training_step(batch)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                self.scheduler.step()
+
+trainer = Trainer(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)))
+"""
+
+
+def test_a_trainer_class_is_profiled_put_back_and_its_ready_steps_and_names_work(ip) -> None:
+    ip.run_cell(TRAINER).raise_error()
+    trainer = ip.user_ns["trainer"]
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    schedule = trainer.scheduler.state_dict()
+    result = ip.run_line_magic("gpuprofile", "-o -q --steps 6 --warmup 2 trainer.fit()")
+    # What the trainer holds is put back: the profile's steps trained its model, Adam and OneCycleLR for real.
+    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items())
+    assert trainer.scheduler.last_epoch == schedule["last_epoch"] and not trainer.optimizer.state
+    # Named as the notebook reaches them.
+    assert result.models == ["trainer.model"]
+    assert any(item.command.startswith("trainer.model = torch.compile(trainer.model)") for item in result.plan)
+    data = next(ready for ready in result.ready_steps if ready.probe == "%dataprobe")
+    assert data.command == "%dataprobe trainer.train_loader --step profile_step"
+    # The ready steps run under the probes as printed, though they step a OneCycleLR with 32 steps in all.
+    speed = ip.run_line_magic("speedprobe", "profile_train_step --try fused-optimizer --steps 3 -o -q")
+    assert speed.option("fused-optimizer").agrees is True
+    assert any("OneCycleLR reached its total_steps during the probe" in note for note in speed.notes)
+    assert "trainer.optimizer = torch.optim.Adam(trainer.model.parameters(), fused=True)" in "\n".join(
+        adopt_lines(("fused-optimizer",), speed.code_context))
+    loader = ip.run_line_magic("dataprobe", "trainer.train_loader --step profile_step --workers 0 --seconds 3 -o -q")
+    assert loader.loader_name == "trainer.train_loader"
+    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items())
+    assert trainer.scheduler.last_epoch == schedule["last_epoch"]
+    assert "step" not in vars(trainer.scheduler)  # the restart is undone: the class's own step again
+
+
+def test_a_name_that_is_not_an_attribute_says_so(ip) -> None:
+    ip.run_cell(TRAINER).raise_error()
+    with pytest.raises(UsageError, match=r"no DataLoader 'trainer.val_loader' in the notebook \(.*'val_loader'"):
+        ip.run_line_magic("dataprobe", "trainer.val_loader")
