@@ -222,8 +222,10 @@ def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
 def _loss_name(body: list[ast.stmt]) -> str | None:
     """The variable the body calls backward on (`loss.backward()`, `(loss / accum).backward()`,
     `scaler.scale(loss).backward()`), when every run of the body assigns it (`_always_assigned`): the lifted step
-    returns it, so %speedprobe compares the loss as well as the update. None when there is no such single name."""
-    names: set[str] = set()
+    returns it, so %speedprobe compares the loss as well as the update. With several (a GAN's `errD.backward()`
+    then `errG.backward()`), the last one in the body: the generator's loss, which both updates move. None when
+    there is none."""
+    names: list[str] = []
     for node in (n for statement in body for n in ast.walk(statement)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
             receiver = node.func.value
@@ -232,11 +234,9 @@ def _loss_name(body: list[ast.stmt]) -> str | None:
             if isinstance(receiver, ast.BinOp):  # loss / accumulation_steps
                 receiver = receiver.left
             if isinstance(receiver, ast.Name):
-                names.add(receiver.id)
-    if len(names) != 1:
-        return None
-    (name,) = names
-    return name if name in _always_assigned(body) else None
+                names.append(receiver.id)
+    assigned = _always_assigned(body)
+    return next((name for name in reversed(names) if name in assigned), None)
 
 
 def _always_assigned(body: list[ast.stmt]) -> set[str]:

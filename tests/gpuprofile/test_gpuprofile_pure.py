@@ -680,3 +680,22 @@ def test_resizing_a_batch_leaves_nothing_for_the_garbage_collector() -> None:
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_gan_body_returns_the_generator_loss_the_last_backward_was_called_on() -> None:
+    # Two backward calls (the discriminator's, then the generator's): the ready step returns the generator's loss, so
+    # %speedprobe compares a loss over the steps as well as the update (it said "returns no loss" before).
+    text = """for i, (real, _) in enumerate(loader):
+    optD.zero_grad()
+    errD = criterion(D(real), ones) + criterion(D(G(noise).detach()), zeros)
+    errD.backward()
+    optD.step()
+    optG.zero_grad()
+    errG = criterion(D(G(noise)), ones)
+    errG.backward()
+    optG.step()
+"""
+    names = {name: 1 for name in ("loader", "optD", "optG", "criterion", "D", "G", "ones", "zeros", "noise")}
+    steps, _ = lift_from(text, 1, names)
+    function = ast.parse(steps[0].code).body[0]
+    assert isinstance(function.body[-1], ast.Return) and function.body[-1].value.id == "errG"
