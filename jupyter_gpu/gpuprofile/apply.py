@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.gpuprofile.lift import DATA_STEP, TRAIN_STEP
+from jupyter_gpu.gpuprofile.lift import DATA_STEP, LOADER, TRAIN_STEP
 from jupyter_gpu.gpuprofile.plan import DATA_SHARE
 from jupyter_gpu.gpuprofile.result import DATA, ProfileResult
 from jupyter_gpu.probekit.training_state import set_value_at, value_at
@@ -89,7 +89,11 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
                 speedup = f"{trial.speedup:.2f}x" if trial.speedup else "no measurable gain"
                 plan.left_out.append((trial.title, f"did not help on this step ({speedup})"))
     data = before.bucket(DATA)
-    if loaders and data is not None and data.share >= DATA_SHARE and callable(namespace.get(DATA_STEP)):
+    if loaders and loaders[0] == LOADER and data is not None and data.share >= DATA_SHARE:
+        plan.left_out.append(("DataLoader settings", "the loop makes its DataLoader itself (inside the function), so "
+                              "a run cannot be handed other settings; %dataprobe profile_loader --step profile_step "
+                              "measures them, to change where the loader is made"))
+    elif loaders and data is not None and data.share >= DATA_SHARE and callable(namespace.get(DATA_STEP)):
         from jupyter_gpu.dataprobe.runner import DataProbeRequest, run_dataprobe
 
         name = loaders[0]

@@ -32,7 +32,7 @@ from jupyter_gpu.gpuprofile.result import (
 )
 from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
-from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how
+from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how, value_at
 
 TOP_OPERATORS = 10
 # The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the
@@ -155,6 +155,15 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     first = [instruments.site_samplers[site] for site in sites if site in instruments.site_samplers]
     samplers = first + [sampler for sampler in instruments.samplers if not any(sampler is s for s in first)]
     loaders = loaders_seen(namespace, samplers, torch.utils.data.DataLoader)
+    if not loaders and samplers:
+        # A loader the loop made itself, a local of its function (`loader = DataLoader(...)` inside `fit()`): no
+        # name in the notebook reaches it, so it gets one, for %dataprobe to measure.
+        local_names = {name: value for site in sites if (scope := instruments.loop_scopes.get(site)) is not None
+                       for name, value in scope.local_names.items()}
+        made = loaders_seen(local_names, samplers, torch.utils.data.DataLoader)
+        if made:
+            namespace[lift.LOADER] = value_at(local_names, made[0])
+            loaders = [lift.LOADER]
     batch = instruments.trained_batch if trained else instruments.last_batch
     accumulation = _accumulation(instruments, sites, profiled)
     lifted = lift.ready_steps(loop_source, sites, namespace, loaders, accumulation=accumulation, batch=batch,
@@ -162,7 +171,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     lift.define(lifted, namespace)
     if lifted.defined:
         namespace[lift.BATCH] = batch
-    ready, defined = lifted.steps, lifted.defined
+    ready, defined = lifted.steps, [*lifted.defined, *([lift.LOADER] if lift.LOADER in loaders else [])]
     models, compiled_models = _models_called(instruments, used)
     result = ProfileResult(
         device=device, device_name=_device_name(torch, device), counted=instruments.mode or ONE_RUN,

@@ -26,6 +26,9 @@ from typing import Any
 from jupyter_gpu.gpuprofile.result import ReadyStep
 
 DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step", "profile_sized_step", "profile_batch"
+# The loader a loop made itself (a local of the function it runs in), defined in the notebook under this name so the
+# printed %dataprobe command has a loader to measure.
+LOADER = "profile_loader"
 _FACTORY = "_make_profile_step"  # for a loop inside a function: makes profile_step, closing over its variables
 # Wrappers that yield what they wrap: `for x in tqdm(loader)`, `for i, x in enumerate(loader)`.
 _PASS_THROUGH = {"tqdm", "track", "trange", "iter"}

@@ -794,3 +794,22 @@ def test_a_name_that_is_not_an_attribute_says_so(ip) -> None:
     ip.run_cell(TRAINER).raise_error()
     with pytest.raises(UsageError, match=r"no DataLoader 'trainer.val_loader' in the notebook \(.*'val_loader'"):
         ip.run_line_magic("dataprobe", "trainer.val_loader")
+
+
+def test_a_loader_the_function_makes_itself_gets_a_name_for_dataprobe_and_apply_says_it_cannot_swap_it(ip) -> None:
+    ip.run_cell(SLOW_DATA).raise_error()
+    ip.run_cell("def fit():\n    local_loader = DataLoader(Slow(), batch_size=16, shuffle=True)\n"
+                "    for x, y in local_loader:\n        opt.zero_grad()\n"
+                "        nn.functional.cross_entropy(model(x), y).backward()\n        opt.step()\n").raise_error()
+    result = ip.run_line_magic("gpuprofile", "-o -q --steps 4 --warmup 1 --apply --data-seconds 2 fit()")
+    data = next(ready for ready in result.ready_steps if ready.probe == "%dataprobe")
+    assert data.command == "%dataprobe profile_loader --step profile_step"  # not "LOADER", which nothing defines
+    made = ip.user_ns["profile_loader"]
+    assert isinstance(made, torch.utils.data.DataLoader) and made.batch_size == 16
+    probe = ip.run_line_magic("dataprobe", "profile_loader --step profile_step --workers 0 --seconds 2 -o -q")
+    assert probe.loader_name == "profile_loader"
+    # --apply cannot hand the function's own loader other settings, and says so instead of measuring a swap that
+    # the loop never sees.
+    assert any(what == "DataLoader settings" and "makes its DataLoader itself" in why
+               for what, why in result.applied.left_out), result.applied.left_out
+    assert not any(title.startswith("profile_loader") for title in result.applied.applied)
