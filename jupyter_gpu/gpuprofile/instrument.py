@@ -577,7 +577,8 @@ def loaders_seen(namespace: dict[str, Any], samplers: list[Any], loader_type: ty
     named: list[tuple[int, str]] = []
     seen: set[int] = set()
     for name, value in named_values(namespace):  # `train_loader`, or a trainer's `trainer.train_loader`
-        if isinstance(value, loader_type) and id(value) not in seen:
+        # A loader inside a dict (`loaders['train']`) is not named: the probes take a variable or attribute path.
+        if isinstance(value, loader_type) and id(value) not in seen and "[" not in name:
             seen.add(id(value))
             try:
                 sampler = value._index_sampler

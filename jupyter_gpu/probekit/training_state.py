@@ -96,7 +96,8 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
 
     Looks at the namespace's values (not names starting with "_", not IPython's In/Out) and at the step's
     closure cells, referenced globals, bound `self` (and its attributes), and functools.partial arguments; each
-    also one level inside dict, list and tuple values. When torch has not been imported there is nothing to
+    also one level inside dict, list and tuple values, and in the attributes of an object of the user's own class
+    (a Trainer's `self.model`: `_holds_attributes`). When torch has not been imported there is nothing to
     protect and nothing is imported.
     """
     found = TrainingObjects([], [], [], [])
@@ -104,7 +105,7 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
         return found
     kinds = _kinds()
     seen: set[int] = set()
-    candidates = _namespace_candidates(namespace)
+    candidates = named_values(namespace)
     if step is not None:
         candidates = _chain_candidates(candidates, _step_candidates(step, namespace))
     for label, value in candidates:
@@ -192,13 +193,6 @@ def _holds_attributes(value: object) -> bool:
     return isinstance(attributes, dict) and not foreign
 
 
-def named_values(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """What the probes look for training objects and loaders among, each with the notebook's name for it: the
-    namespace's values (not "_" names, not In/Out), one level inside dicts, lists and tuples, and the attributes of
-    objects of the user's own classes (`trainer.model`, `trainer.train_loader`)."""
-    return _namespace_candidates(namespace)
-
-
 def value_at(namespace: Mapping[str, Any], path: str) -> Any:
     """What a name from `named_values` refers to: a notebook variable, or an attribute path from one
     (`trainer.train_loader`). KeyError for an unknown variable, AttributeError for a missing attribute."""
@@ -218,7 +212,10 @@ def set_value_at(namespace: dict[str, Any], path: str, value: Any) -> None:
         namespace[path] = value
 
 
-def _namespace_candidates(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+def named_values(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """What the probes look for training objects and loaders among, each with the notebook's name for it: the
+    namespace's values (not "_" names, not In/Out), one level inside dicts, lists and tuples (`models['G']`), and the
+    attributes of objects of the user's own classes (`trainer.model`, `trainer.train_loader`)."""
     for name, value in list(namespace.items()):
         if isinstance(name, str) and not name.startswith("_") and name not in _HISTORY_NAMES:
             yield from _with_items(name, value)

@@ -699,3 +699,20 @@ def test_a_gan_body_returns_the_generator_loss_the_last_backward_was_called_on()
     steps, _ = lift_from(text, 1, names)
     function = ast.parse(steps[0].code).body[0]
     assert isinstance(function.body[-1], ast.Return) and function.body[-1].value.id == "errG"
+
+
+def test_loaders_are_named_as_the_probes_take_them_a_variable_or_an_attribute_path() -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from jupyter_gpu.gpuprofile.instrument import loaders_seen
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.train_loader = DataLoader(list(range(8)), batch_size=2)
+
+    trainer, loose, in_dict = Trainer(), DataLoader(list(range(4))), DataLoader(list(range(6)))
+    namespace = {"trainer": trainer, "loose": loose, "loaders": {"val": in_dict}}
+    samplers = [in_dict._index_sampler, trainer.train_loader._index_sampler, loose._index_sampler]
+    # `loaders['val']` is no name %dataprobe takes: it is left out, not printed as a command that cannot run.
+    assert loaders_seen(namespace, samplers, torch.utils.data.DataLoader) == ["trainer.train_loader", "loose"]
