@@ -61,7 +61,7 @@ def headline(result: BatchProbeResult) -> str:
 
 def _time_limit_headline(result: BatchProbeResult, limit: dict[str, Any]) -> str:
     """Stopped by --max-seconds: what ran, where the memory limit lies, and how to go on."""
-    failed = result.lowest_failure
+    failed = limit["fails_at"]
     where = (f"the memory limit lies between {result.max_batch_size} and {failed}" if failed is not None
              else f"the memory limit is above {result.max_batch_size}")
     text = (f"batchprobe: batch {result.max_batch_size} runs; stopped at the {format_seconds(limit['seconds'])} "

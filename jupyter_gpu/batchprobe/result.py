@@ -71,14 +71,8 @@ class BatchProbeResult(RichResult):
     # A step that keeps more memory after every call: {"batch_size", "bytes_per_call", "holders": [...]}.
     leak: dict[str, Any] | None = None
     # The search stopped before a trial predicted to end past --max-seconds: {"seconds", "next_size",
-    # "predicted_seconds"}; max_batch_size is then the largest size that ran, not the memory limit.
+    # "predicted_seconds", "fails_at"}; max_batch_size is then the largest size that ran, not the memory limit.
     time_limit: dict[str, Any] | None = None
-
-    @property
-    def lowest_failure(self) -> int | None:
-        """The smallest batch size that did not fit (None: none failed)."""
-        failed = [t.batch_size for t in self.trials if not t.fitted]
-        return min(failed) if failed else None
 
     @property
     def search_trials(self) -> int:

@@ -264,7 +264,7 @@ class _Runner:
         if limit is None or predicted is None or self._elapsed() + predicted <= limit:
             return False
         if stop:
-            self.time_limit = TimeLimit(limit, size, predicted)
+            self.time_limit = TimeLimit(limit, size, predicted, self.search.lowest_failure)
         return True
 
     def _trial_in_time_left(self, next_size: int) -> bool:
@@ -348,9 +348,10 @@ class _Runner:
     def _check_leftovers(self, size: int) -> None:
         """Name what a trial left alive after the restore: a hook, a global or a list keeps its tensors."""
         leftovers = self.budget.leftovers()
-        if sum(leftovers.values()) < LEAK_FLOOR:  # a scalar a closure kept (32 B) is not worth a row
+        kept = sum(leftovers.values())
+        if kept < LEAK_FLOOR:  # a scalar a closure kept (32 B) is not worth a row
             return
-        self.leftover_bytes[size] = sum(leftovers.values())
+        self.leftover_bytes[size] = kept
         self.leftovers[size] = _holders(self.torch, self.namespace, self.objects, self.budget,
                                         only=set(leftovers))
 

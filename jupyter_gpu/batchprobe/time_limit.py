@@ -31,9 +31,11 @@ class TimeLimit:
     seconds: float            # the limit
     next_size: int            # the size the search would have tried next
     predicted_seconds: float  # how long that trial would have taken
+    fails_at: int | None = None  # the smallest size that did not fit by then (None: none failed)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"seconds": self.seconds, "next_size": self.next_size, "predicted_seconds": self.predicted_seconds}
+        return {"seconds": self.seconds, "next_size": self.next_size, "predicted_seconds": self.predicted_seconds,
+                "fails_at": self.fails_at}
 
 
 def _timed(trials: Sequence[Trial]) -> list[Trial]:

@@ -130,8 +130,11 @@ class StepRunner:
                     self.progress(f"{label}: step {index + 1}/{max(total, index + 1)}")
                 counted = index == warmup
                 try:
+                    # The first call's outputs: what a forward-only step is judged on (the baseline's inspected run
+                    # is where the probe learns whether the step trains).
+                    capture = index == 0 and (inspect_step or self.setting.forward_only)
                     seconds, value = self._one_step(applied, clock, counted, record,
-                                                    inspect_step and counted, capture_outputs=index == 0)
+                                                    inspect_step and counted, capture_outputs=capture)
                 except StepRaised as raised:
                     record.error = str(raised)
                     break
@@ -233,7 +236,8 @@ class StepRunner:
         record = Run()
         for index in range(steps):
             try:
-                _, value = self._one_step(applied, clock, False, record, False, capture_outputs=index == 0)
+                _, value = self._one_step(applied, clock, False, record, False,
+                                          capture_outputs=index == 0 and self.setting.forward_only)
             except StepRaised:
                 return RoundedRun(record.update, record.losses, record.outputs)
             record.losses.append(self._loss_value(value, record))
@@ -243,20 +247,19 @@ class StepRunner:
 
 
 class OutputCapture:
-    """Keeps what the outermost models return during one call (the tensors of a tuple, dict or dataclass output),
-    on the host in float32 and at most MAX_OUTPUT_ELEMENTS of each: a forward-only step changes no parameter, and
-    its outputs are what an option could get wrong. Submodules of another model are left out (their outputs are
-    inside the outer one's), and nothing is kept while Dynamo traces (a compiled forward's own hooks)."""
+    """Keeps what `models` return during one call (the tensors of a tuple, dict or dataclass output), on the host in
+    float32 and at most MAX_OUTPUT_ELEMENTS of each: a forward-only step changes no parameter, and its outputs are
+    what an option could get wrong. `models` are the outermost ones (TrainingObjects.models(): a submodule of a
+    found model is dropped when it is found), and nothing is kept while Dynamo traces (a compiled forward's hooks)."""
 
     def __init__(self, torch: Any, models: list[Any]) -> None:
         self._torch = torch
-        inner = {id(sub) for model in models for sub in model.modules() if sub is not model}
-        self._outermost = [model for model in models if id(model) not in inner]
+        self._models = models
         self._handles: list[Any] = []
         self.tensors: list[Any] = []
 
     def __enter__(self) -> OutputCapture:
-        self._handles = [model.register_forward_hook(self._keep) for model in self._outermost]
+        self._handles = [model.register_forward_hook(self._keep) for model in self._models]
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

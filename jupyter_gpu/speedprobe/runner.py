@@ -24,7 +24,14 @@ from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_obj
 from jupyter_gpu.speedprobe import decide, variants
 from jupyter_gpu.speedprobe.catalog import BY_NAME, FP32, OPTION_NAMES, CodeContext, OptimizerCode, loosest_format
 from jupyter_gpu.speedprobe.flags import GlobalFlags, conv_tf32_line
-from jupyter_gpu.speedprobe.measure import MIN_TIMED_STEPS, Run, StepRunner, relative_difference, update_scale
+from jupyter_gpu.speedprobe.measure import (
+    MIN_TIMED_STEPS,
+    RoundedRun,
+    Run,
+    StepRunner,
+    relative_difference,
+    update_scale,
+)
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
 from jupyter_gpu.speedprobe.variants import StepSetting, why_not
 from jupyter_gpu.units import format_seconds
@@ -174,8 +181,6 @@ class _Probe:
         self.baseline_run: Run | None = None
         self.baseline: OptionTrial | None = None
         self.repeat_noise: float | None = None
-        # What the agreement compares: the first update, or for a step that trains nothing the models' outputs.
-        self.compared = "update"
         self.sensitivity: dict[str, float | None] = {}
         self.rounded_drift: dict[str, float | None] = {}  # the loss's drift over the steps from rounded weights
         self.single_runs: list[tuple[str, str | None, Run | None]] = []
@@ -198,7 +203,6 @@ class _Probe:
         # and whether it trains at all (an evaluation step has no update to compare, and fp16 needs no scaler).
         self.setting.compute_dtypes = first.compute_dtypes
         self.setting.forward_only = first.trained is False
-        self.compared = "outputs" if self.setting.forward_only else "update"
         planned = self._plan()
         applicable = [option for option, reason in planned if reason is None]
         for format_name in dict.fromkeys(BY_NAME[option].format for option in applicable):
@@ -226,12 +230,16 @@ class _Probe:
         steps = 1 if format_name == FP32 else self.request.steps  # float32 reorderings drift nowhere near 1%
         rounded = self.runner.rounded_run(format_name, steps)
         self.put_back()
-        compared_rounded = rounded.outputs if self.compared == "outputs" else rounded.update
-        self.sensitivity[format_name] = relative_difference(compared_rounded, self._compared(first))
+        self.sensitivity[format_name] = relative_difference(self._compared(rounded), self._compared(first))
         self.rounded_drift[format_name] = decide.loss_drift(rounded.losses[:steps], first.losses[:steps])[0]
 
-    def _compared(self, run: Run) -> list[Any] | None:
-        return run.outputs if self.compared == "outputs" else run.update
+    @property
+    def compared(self) -> str:
+        """What the agreement compares: the first update, or for a step that trains nothing the models' outputs."""
+        return "outputs" if self.setting.forward_only else "update"
+
+    def _compared(self, run: Run | RoundedRun) -> list[Any] | None:
+        return run.outputs if self.setting.forward_only else run.update
 
     def singles(self) -> list[OptionTrial]:
         return [OptionTrial(option, (option,), skipped=reason) if run is None else self._trial(option, (option,), run)
@@ -265,7 +273,8 @@ class _Probe:
         how = ("a second compilation whose dropout draws eager's masks (torch._inductor.config.fallback_random)"
                if compiled else "a second run whose dropout draws its masks in the baseline's order (on "
                                 "channels_last activations it draws them in memory order)")
-        return replace(timed, update=checked.update, losses=checked.losses, scaling=checked.scaling,
+        return replace(timed, update=checked.update, outputs=checked.outputs, losses=checked.losses,
+                       scaling=checked.scaling,
                        first_step_skipped=checked.first_step_skipped, loss_note=checked.loss_note, error=checked.error,
                        notes=[*timed.notes, f"its numbers were checked on {how}"])
 
