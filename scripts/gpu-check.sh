@@ -10,7 +10,8 @@
 #
 # Steps, each with its own time limit, all within GPU_CHECK_BUDGET seconds (default 480): the machine's facts,
 # nvidia-smi, the wheel install and a requirements check, `python3 -m jupyter_gpu check -v`, `check --distributed`
-# and `allreduce`, every magic once in a real IPython shell (scripts/gpu_magics.py), then every gpu-marked test,
+# and `allreduce`, every magic once in a real IPython shell (scripts/gpu_magics.py), %gpucells' cost per cell
+# (bench/bench_gpucells.py), tutorial-written loops under %%gpuprofile (scripts/gpu_trials.py), then every gpu-marked test,
 # one pytest process per test file. Writes $OUT/gpu-check.log (everything printed) and $OUT/gpu-check-summary.json
 # (per test: outcome; per magic: headline and status; per command: exit code and first lines; wall time). A step
 # that fails is recorded and the next one runs.
@@ -34,8 +35,8 @@ LOG=$OUT/gpu-check.log
 
 # The gpu-marked test files in the order they run: the cheap ones first, so a short budget still covers the most,
 # and those that compile (torch.compile) or start servers and NCCL ranks last. Files not named here run between.
-FIRST=(tests/e2e/gpu/test_real_gpu.py tests/e2e/gpu/test_gpupanel_gpu.py tests/e2e/gpu/test_gpumem_gpu.py
-       tests/e2e/gpu/test_gputime_gpu.py tests/e2e/gpu/test_batchprobe_gpu.py)
+FIRST=(tests/e2e/gpu/test_real_gpu.py tests/e2e/gpu/test_gpuprofile_gpu.py tests/e2e/gpu/test_gpupanel_gpu.py
+       tests/e2e/gpu/test_gpumem_gpu.py tests/e2e/gpu/test_gputime_gpu.py tests/e2e/gpu/test_batchprobe_gpu.py)
 LAST=(tests/e2e/gpu/test_server_gpu.py tests/e2e/gpu/test_distributed_gpu.py tests/e2e/gpu/test_speedprobe_gpu.py)
 declare -A FILE_LIMIT=([tests/e2e/gpu/test_server_gpu.py]=150 [tests/e2e/gpu/test_distributed_gpu.py]=180
                        [tests/e2e/gpu/test_speedprobe_gpu.py]=240)
@@ -133,6 +134,9 @@ main() {
   step "cli:allreduce --sizes 1M,64M --iterations 5" 120 "$PY" -m jupyter_gpu allreduce --sizes 1M,64M \
     --iterations 5
   step magics 180 "$PY" scripts/gpu_magics.py --out "$WORK/magics.json" --timeout 60
+  # %gpucells' cost per cell with CUDA initialised (issue 33), which only a GPU can measure; fewer cells than the
+  # bench's default, since it shares this budget.
+  step "bench:gpucells" 60 "$PY" bench/bench_gpucells.py --cells 300 --rounds 3
 
   # One pytest process per file. CUDA state lives as long as the process: the context and the allocator's
   # statistics and cache, the memory-fraction cap, cuBLAS workspaces, cudnn and TF32 flags, compiled graphs. A file's
@@ -142,8 +146,14 @@ main() {
   # xdist would run files side by side on the one GPU, which the timing and memory tests must not share.
   # Plugin autoloading is off so that only pytest-timeout joins from the image's many pytest plugins;
   # `-o addopts=""` drops the project's `-m "not gpu" --nbval` (nbval is not there).
-  local file
+  local file trials_done=0
   while read -r file; do
+    if ((!trials_done)) && [[ " ${FIRST[*]} " != *" $file "* ]]; then
+      # After the cheap files: tutorial-written training loops under %%gpuprofile and the probe commands its
+      # reports print (issue 31), before the files that compile or start servers and NCCL ranks.
+      step trials 240 "$PY" scripts/gpu_trials.py --out "$WORK/trials.json" --timeout 60
+      trials_done=1
+    fi
     step "pytest:$file" "${FILE_LIMIT[$file]:-$DEFAULT_FILE_LIMIT}" \
       env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -p pytest_timeout -p no:cacheprovider -o addopts="" \
       -m gpu --timeout="$TEST_TIMEOUT" -v -s -rfEs --junitxml="$WORK/junit/${file//\//__}.xml" "$file"

@@ -282,8 +282,8 @@ def summarize(work: Path, started: float, budget: int) -> dict[str, Any]:
                       "no junit XML: pytest was stopped before it wrote one"})
     summary["tests"] = {"totals": count(cases), "collection_errors": sum(c["collection_error"] for c in cases),
                         "files": files, "cases": cases}
-    magics = _load_json(work / "magics.json")
-    summary["magics"] = magics
+    summary["magics"] = _load_json(work / "magics.json")
+    summary["trials"] = _load_json(work / "trials.json")  # scripts/gpu_trials.py writes the same format
     summary["cli"] = [{"command": step["name"].removeprefix("cli:"), "status": step["status"], "rc": step["rc"],
                        "seconds": step["seconds"], "first_lines": _first_lines(step["output"])}
                       for step in steps if step["name"].startswith("cli:")]
@@ -308,11 +308,12 @@ def print_summary(summary: dict[str, Any]) -> None:
     for case in tests["cases"]:
         if case["outcome"] in ("failed", "error"):
             print(f"    {case['outcome'].upper()} {case['id']}: {case['message']}")
-    magics = summary.get("magics") or {}
-    print(f"  magics on {magics.get('device')} ({magics.get('gpu') or 'no GPU'})"
-          + (f": {magics['note']}" if magics.get("note") else ""))
-    for magic in magics.get("magics", []):
-        print(f"  {magic['magic']}: {magic['status']} ({magic['seconds']} s) {magic['headline']}")
+    for kind in ("magics", "trials"):
+        record = summary.get(kind) or {}
+        print(f"  {kind} on {record.get('device')} ({record.get('gpu') or 'no GPU'})"
+              + (f": {record['note']}" if record.get("note") else ""))
+        for magic in record.get("magics", []):
+            print(f"  {magic['magic']}: {magic['status']} ({magic['seconds']} s) {magic['headline']}")
     for cli in summary["cli"]:
         print(f"  {cli['command']}: {cli['status']} rc={cli['rc']}: {(cli['first_lines'] or [''])[0]}")
 

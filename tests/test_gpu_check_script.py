@@ -152,6 +152,9 @@ elif args[:2] == ["-m", "jupyter_gpu"]:
 elif args[:1] == ["scripts/gpu_magics.py"]:
     Path(args[2]).write_text(json.dumps({{"device": "cpu", "magics": [
         {{"magic": "%gpucheck", "status": "ok", "seconds": 0.1, "headline": "stand-in headline"}}]}}))
+elif args[:1] == ["scripts/gpu_trials.py"]:
+    Path(args[2]).write_text(json.dumps({{"device": "cpu", "magics": [
+        {{"magic": "resnet %%gpuprofile", "status": "ok", "seconds": 0.1, "headline": "stand-in profile"}}]}}))
 """
 
 
@@ -197,6 +200,11 @@ def test_the_check_runs_every_step_and_summarises_it(tmp_path: Path) -> None:
     assert summary["tests"]["totals"] == {"passed": 0, "failed": 0, "error": 0, "skipped": len(files)}
     assert [f["file"] for f in summary["tests"]["files"]] == [c["args"][-1] for c in pytest_calls]
     assert summary["magics"]["magics"][0]["headline"] == "stand-in headline"
+    assert summary["trials"]["magics"][0]["headline"] == "stand-in profile"
+    steps = [step["name"] for step in summary["steps"]]
+    # The loops run after the cheap test files, before those that compile or start servers.
+    assert steps.index("bench:gpucells") < steps.index("trials") < steps.index(f"pytest:{pytest_calls[-1]['args'][-1]}")
+    assert "resnet %%gpuprofile: ok (0.1 s) stand-in profile" in done.stdout
     assert [c["command"] for c in summary["cli"]] == ["check -v", "check --distributed",
                                                       "allreduce --sizes 1M,64M --iterations 5"]
     assert summary["cli"][0]["first_lines"] == ["! PyTorch can use the GPU (stand-in)", "second line"]
