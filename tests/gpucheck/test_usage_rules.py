@@ -331,6 +331,12 @@ def test_fork_reinit_and_map_location():
     )
     (f,) = last(notebook(last_exception=error("RuntimeError", fork)))
     assert f.code == "CUDA_FORK_REINIT" and any('multiprocessing_context="spawn"' in line for line in f.fix)
+    # Reading the parent's CUDA tensor in the worker fails in the driver instead (the H200, torch 2.11): the
+    # DataLoader re-raises it in the kernel with the worker's traceback.
+    read = ("Caught AcceleratorError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+            "  ...\ntorch.AcceleratorError: CUDA error: initialization error\n")
+    (f,) = last(notebook(last_exception=error("AcceleratorError", read)))
+    assert f.code == "CUDA_FORK_REINIT"
     load = (
         "Attempting to deserialize object on a CUDA device but torch.cuda.is_available() is False. If you "
         "are running on a CPU-only machine, please use torch.load with map_location=torch.device('cpu')"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jupyter_gpu.gpucheck.diagnose.worker_rules import MOVE_DATASET, worker_findings
+from jupyter_gpu.gpucheck.diagnose.worker_rules import CUDA_FORK_READ_ERROR, MOVE_DATASET, worker_findings
 from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch, held_on
 from jupyter_gpu.models import LAYER_LAST_ERROR, LAYER_USAGE, Finding
 from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
@@ -285,7 +285,8 @@ def last_error_findings(notebook: dict, *, gpu_usable: bool) -> list[Finding]:
         headline = f"torch.load met CUDA tensors in a checkpoint, but the kernel had no usable GPU ({why})."
         fix = ['obj = torch.load(path, map_location="cpu")  # loads the checkpoint onto the CPU instead']
         return [_last("TORCH_LOAD_MAP_LOCATION", headline, evidence, fix)]
-    if "Cannot re-initialize CUDA in forked subprocess" in text:
+    if "Cannot re-initialize CUDA in forked subprocess" in text or (
+            "DataLoader worker" in text and CUDA_FORK_READ_ERROR in text):
         headline = "A forked DataLoader worker touched CUDA after the notebook had initialised it."
         fix = ["# keep CUDA out of Dataset.__getitem__ and collate_fn: call .to(device) in the training loop"]
         fix.append('loader = DataLoader(..., multiprocessing_context="spawn")  # Dataset class in a .py file')

@@ -24,11 +24,16 @@ SHM_HEADROOM = 2
 # before headroom: 8 workers then come to the 8 GiB that Docker users are usually told to give.
 SHM_UNKNOWN_WORKER_BYTES = 512 * 1024 * 1024
 MOVE_DATASET = "# move {0} into a file such as datasets.py next to the notebook, then:"
-# torch/cuda/__init__.py raises exactly this in a forked child once the parent has initialised CUDA.
+# torch/cuda/__init__.py raises exactly this in a forked child once the parent has initialised CUDA, when the
+# child's first CUDA call goes through torch's lazy initialisation (creating a CUDA tensor, say).
 CUDA_FORK_ERROR = (
     "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
     "you must use the 'spawn' start method"
 )
+# What the child gets instead when it reads a CUDA tensor the parent made (indexing a CUDA dataset): the copied
+# "initialised" flag skips the lazy init and the driver refuses the call. Seen on the H200 with torch 2.11, in
+# the DataLoader's "Caught AcceleratorError in DataLoader worker process 0".
+CUDA_FORK_READ_ERROR = "CUDA error: initialization error"
 CUDA_MULTIPROCESSING_DOC = "https://pytorch.org/docs/stable/notes/multiprocessing.html#cuda-in-multiprocessing"
 COPY_ON_READ_ISSUE = "https://github.com/pytorch/pytorch/issues/13246"
 
@@ -113,7 +118,8 @@ def _cuda_in_forked_worker(dl: dict) -> list[Finding]:
     name = dl["name"]
     headline = (
         f"DataLoader `{name}` forks its workers after this kernel initialised CUDA, and its dataset holds CUDA "
-        f"tensors ({where}): every worker will fail with `{CUDA_FORK_ERROR}`."
+        f"tensors ({where}): every worker will fail, with `{CUDA_FORK_READ_ERROR}` where it reads them or "
+        f"`{CUDA_FORK_ERROR}` where it makes one."
     )
     evidence = {"variable": name, "start_method": "fork", "num_workers": dl["num_workers"],
                 "cuda_initialized": True, "dataset_cuda": where}

@@ -7,6 +7,7 @@ estimate-accuracy line of docs/batchprobe.md needs.
 from __future__ import annotations
 
 import pytest
+from cuda_state import warm_up_cuda_libraries
 
 pytestmark = pytest.mark.gpu
 
@@ -105,4 +106,8 @@ def test_a_cuda_out_of_memory_from_the_real_allocator_is_recovered(cuda_model) -
     result = probe_batch_size(step, ProbeRequest(max_memory=BUDGET, start=4096),
                               namespace={"model": model, "opt": optimizer})
     assert any(not t.fitted and "CUDA" in (t.failure or "") for t in result.trials)
+    # A real out-of-memory makes PyTorch free cuBLAS's workspaces (on the H200, torch 2.11: 84 MiB fewer allocated
+    # bytes afterwards than before, no tensor of ours among them); they come back at the next matrix product.
+    # Warmed again, what the probe leaves allocated is exactly what was there before it.
+    warm_up_cuda_libraries()
     assert torch.cuda.memory_allocated(0) == allocated

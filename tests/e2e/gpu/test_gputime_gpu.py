@@ -36,6 +36,7 @@ def timed(ip, line: str, body: str):
 def test_cpu_only_cell_never_initialises_cuda_and_is_told_to_use_the_gpu(fresh_kernel):
     out = fresh_kernel("""
         import torch
+        ip.run_cell("import torch")  # the notebook's own import: the shell's namespace is not this script's
         r = ip.run_cell("%%gputime -q -o -n 3 -r 2\\nx = torch.ones(100) * 2").result
         print(json.dumps({"init": torch.cuda.is_initialized(), "ops": r.ops_by_device,
                           "codes": [f.code for f in r.findings], "gpu": r.context["gpu_devices"]}))
@@ -48,6 +49,7 @@ def test_cpu_only_cell_never_initialises_cuda_and_is_told_to_use_the_gpu(fresh_k
 def test_cell_that_initialises_cuda_is_told_so(fresh_kernel):
     out = fresh_kernel("""
         import torch
+        ip.run_cell("import torch")  # the notebook's own import: the shell's namespace is not this script's
         r = ip.run_cell("%%gputime -q -o\\nx = torch.ones(100, device='cuda') * 2").result
         print(json.dumps({"codes": [f.code for f in r.findings], "first_gpu": r.first_gpu_time,
                           "ops": r.ops_by_device}))
