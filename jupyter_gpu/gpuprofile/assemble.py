@@ -29,6 +29,7 @@ from jupyter_gpu.gpuprofile.result import (
     ProfileResult,
     Sync,
     middle_half,
+    typical,
 )
 from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
@@ -137,6 +138,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     # A cell that stopped before its first step has nothing to compare with a ceiling or to lift.
     ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds)) if step_seconds else None
     timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)
+    if timeline is not None and step_seconds:
+        timeline = timeline.at_step(typical(step_seconds))  # the traced steps ran with a slowed host
     operators, memory_share = _operators(totals, ceiling)
     if not device.startswith("cuda"):
         not_measured.append("On the CPU: no GPU timeline, no per-phase GPU time and no datasheet MFU; the measured "

@@ -116,11 +116,15 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
         rows.append(("measured ceiling", text + f" (measured in {format_seconds(ceiling.seconds)})"))
     timeline = result.gpu_timeline
     if timeline is not None:
-        rows.append(("GPU timeline", f"busy {timeline.busy:.0%} over {timeline.steps} steps; idle per step: "
+        traced = "" if timeline.traced_step is None else (
+            f" (traced over {timeline.steps} steps under torch.profiler, {format_seconds(timeline.traced_step)} "
+            "per step there: it slows the host, not the kernels)")
+        rows.append(("GPU timeline", f"busy {timeline.busy:.0%} of a typical step, "
+                                     f"{format_seconds(timeline.kernel_seconds)} of kernels per step; idle per step: "
                                      f"{format_seconds(timeline.host_wait)} waiting for the host, "
                                      f"{format_seconds(timeline.kernel_wait)} between kernels, "
                                      f"{format_seconds(timeline.other_wait)} other; {timeline.kernels_per_step:.0f} "
-                                     f"kernels per step, median {format_seconds(timeline.median_kernel)}"))
+                                     f"kernels per step, median {format_seconds(timeline.median_kernel)}{traced}"))
     if result.copies is not None:
         c = result.copies
         rows.append(("host→device", f"{how_often(c.count, 'copy', 'copies')}, {format_bytes(c.bytes)}/step, "

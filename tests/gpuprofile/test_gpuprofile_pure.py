@@ -590,6 +590,33 @@ def test_many_short_kernels_with_an_idle_gpu_are_launch_bound_and_planned() -> N
     assert "reduce-overhead" in item.command and "200 kernels per step" in item.detail
 
 
+def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_the_step() -> None:
+    # As on the H200: torch.profiler slowed a 38.4 ms transformer step to about 53 ms, and the trace had the GPU
+    # waiting 46 ms a step for the host; the plan said "launch-bound (45.9 ms/step)" on a 38.4 ms step.
+    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+
+    traced = 0.053
+    events = [GpuEvent(i * traced / 860, i * traced / 860 + 8e-6, stream=7, launched=i * traced / 860 + 2e-6)
+              for i in range(860 * 3)]
+    timeline = analyse(events, steps=3, window=(0.0, 3 * traced))
+    assert timeline is not None and timeline.host_wait > 0.038  # the trace's own figure: more than the step
+    seen = timeline.at_step(0.0384)
+    assert seen.kernel_seconds == pytest.approx(timeline.kernel_seconds)  # the same kernels
+    assert seen.busy == pytest.approx(860 * 8e-6 / 0.0384)
+    assert seen.host_wait + seen.kernel_wait + seen.other_wait == pytest.approx(0.0384 - 860 * 8e-6)
+    assert seen.traced_step == pytest.approx(traced) and seen.launch_bound
+    result = with_plan(profile(gpu_timeline=seen, gpu_busy=seen.busy), loaders=[], total_memory=None)
+    item = next(i for i in result.plan if i.cause.startswith("launch-bound"))
+    assert item.seconds < 0.0384
+    text = render_text(result)
+    assert "of a typical step" in text and "under torch.profiler, 53.0 ms per step there" in text
+    # Kernels that fill most of the unprofiled step are not launch-bound, however idle the traced GPU looked.
+    busy = analyse([GpuEvent(i * 1e-4, i * 1e-4 + 1.5e-5, stream=7, launched=i * 1e-4 + 2e-5) for i in range(900)],
+                   steps=3, window=(0.0, 0.09))
+    assert busy is not None and busy.launch_bound and not busy.at_step(0.006).launch_bound
+    assert busy.at_step(0.006).busy == pytest.approx(0.75)
+
+
 def test_the_compile_fixes_name_the_models_the_loop_called() -> None:
     from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
 
