@@ -1,7 +1,9 @@
 """What one call of a user's step did, seen from hooks: the batch it trained on (the first dimension of the first
 tensor the first model was called with), how many batches that was (the calls of that model per optimizer step:
-gradient accumulation's micro-batches), and whether it trained at all (an optimizer stepped, or a gradient reached a
-parameter). `%speedprobe` reads it on its baseline's counted step, `%batchprobe` on each trial.
+gradient accumulation's micro-batches), whether it trained at all (an optimizer stepped, or a gradient reached a
+parameter), and which of the notebook's models and optimizers it used (a notebook holds others: an earlier
+experiment's model, a second loop's optimizer). `%speedprobe` reads it on its baseline's counted step, `%batchprobe`
+on each trial.
 
 Probe layer: torch is passed in; nothing here initialises CUDA.
 """
@@ -26,6 +28,8 @@ class StepCensus:
         self.calls = 0                   # calls of that module
         self.optimizer_steps = 0
         self.gradients = False           # a gradient was accumulated into a parameter
+        self.called: set[int] = set()    # ids of the hooked modules the step called
+        self.stepped: set[int] = set()   # ids of the optimizers that stepped
 
     @property
     def trained(self) -> bool:
@@ -54,6 +58,7 @@ class StepCensus:
         self._stack.close()
 
     def _called(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.called.add(id(module))
         if self._sizing is None:
             for value in (*args, *kwargs.values()):
                 if isinstance(value, self._torch.Tensor) and value.dim() >= 1:
@@ -66,5 +71,6 @@ class StepCensus:
     def _accumulated(self, _param: Any) -> None:
         self.gradients = True
 
-    def _stepped(self, *_: Any) -> None:
+    def _stepped(self, optimizer: Any, *_: Any) -> None:
         self.optimizer_steps += 1
+        self.stepped.add(id(optimizer))

@@ -78,6 +78,10 @@ class Run:
     # The counted step trained: an optimizer stepped or a gradient reached a parameter (inspected steps only; None
     # elsewhere). A step that does neither (evaluation, inference) has no update to compare, and no GradScaler.
     trained: bool | None = None
+    # Ids of the notebook's models the counted step called and of the optimizers that stepped (inspected steps
+    # only): the code to adopt names these, not every model the notebook holds.
+    called_models: set[int] | None = None
+    stepped_optimizers: set[int] | None = None
 
 
 @dataclass
@@ -185,6 +189,7 @@ class StepRunner:
         if inspect_step:
             record.trained = census.trained
             record.batch_size, record.batches = census.batch_size, census.batches
+            record.called_models, record.stepped_optimizers = census.called, census.stepped
         if outputs is not None:
             record.outputs = outputs.tensors
         return seconds, box.get("value")

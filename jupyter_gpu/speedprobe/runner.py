@@ -368,8 +368,13 @@ class _Probe:
         singles_measured = self.judged_singles if self.judged_singles is not None else self.singles()
         best = decide.choose_best(singles_measured, self.combination)
         run = self.baseline_run
+        # A variant switches every optimizer the notebook holds; only those the step stepped are worth a note.
+        _, used_optimizers = self._used()
+        unused = {variants.optimizer_note(self.setting.objects.labels.get(id(opt), "opt"), opt, flag)
+                  for opt in self.setting.objects.optimizers if opt not in used_optimizers
+                  for flag in ("fused", "foreach")}
         notes = [f"{option}: {note}" for option, _, single in self.single_runs if single is not None
-                 for note in single.notes]
+                 for note in single.notes if note not in unused]
         notes += self.notes
         if self.setting.forward_only:
             notes.append(f"`{self.step_name}` trains nothing (no optimizer step, no gradient: an evaluation or "
@@ -403,17 +408,29 @@ class _Probe:
         return LaunchProfile(device=str(self.setting.device), ops=ops, step_seconds=baseline.seconds,
                              launch_bound=decide.launch_bound(device_type, ops, baseline.seconds))
 
+    def _used(self) -> tuple[list[Any], list[Any]]:
+        """The notebook's models the step called and the optimizers it stepped, as the baseline's counted step saw
+        them; all of them where it saw none (a step that calls a model's submodule, say)."""
+        objects, run = self.setting.objects, self.baseline_run
+        models, optimizers = objects.models(), list(objects.optimizers)
+        if run is not None and run.called_models:
+            models = [module for module in models if id(module) in run.called_models] or models
+        if run is not None and run.stepped_optimizers:
+            optimizers = [opt for opt in optimizers if id(opt) in run.stepped_optimizers] or optimizers
+        return models, optimizers
+
     def _code_context(self) -> CodeContext:
         objects = self.setting.objects
         notes = {note for _, _, run in self.single_runs if run is not None for note in run.notes}
-        # Each model with parameters gets its layout and compile line (a loss module has nothing to change).
-        models = objects.models()
+        # Each model with parameters the step called gets its layout and compile line (a loss module has nothing to
+        # change; a model the notebook holds for something else is not the step's).
+        models, used_optimizers = self._used()
         model_names = tuple(objects.labels.get(id(module), "model") for module in models) or ("model",)
         optimizers = tuple(
             OptimizerCode(name=label, class_path=_class_path(optimizer),
                           parameters=_parameters_expression(optimizer, models, objects.labels),
                           fused=variants.optimizer_note(label, optimizer, "fused") in notes)
-            for optimizer in objects.optimizers
+            for optimizer in used_optimizers
             for label in [objects.labels.get(id(optimizer), "opt")]) or (OptimizerCode(),)
         conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
         clips = any(run is not None and run.scaling is not None and run.scaling.unscaled_for_clipping

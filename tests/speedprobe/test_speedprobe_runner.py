@@ -321,6 +321,37 @@ def test_the_code_to_adopt_names_every_optimizer_with_the_model_it_updates() -> 
         "fused-optimizer: opt_d (Adam): fused=True", "fused-optimizer: opt_g (Adam): fused=True"]
 
 
+def test_the_code_to_adopt_names_only_what_the_step_used_of_a_notebook_with_other_models() -> None:
+    # As on the H200: a notebook with a ResNet loop, a transformer and an MLP. The ResNet's step was told to
+    # convert and compile all three models and got a fused-optimizer note for all three optimizers.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    encoder = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))  # an earlier experiment's, idle
+    adamw = torch.optim.AdamW(encoder.parameters())
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+
+    def profile_step(batch):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(net(batch[0]), batch[1])
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    def train_step():  # as %%gpuprofile's ready step: it names the loop body's function, not the models
+        return profile_step((x, y))
+
+    namespace = {"net": net, "optimizer": optimizer, "encoder": encoder, "adamw": adamw}
+    result = probe_speed(train_step, options=("fused-optimizer",), steps=3, namespace=namespace)
+    from jupyter_gpu.speedprobe.catalog import adopt_lines
+
+    assert sorted(adopt_lines(("fused-optimizer", "compile"), result.code_context)) == [
+        "net = torch.compile(net)",
+        "optimizer = torch.optim.SGD(net.parameters(), fused=True)  # keep your other arguments"]
+    assert [note for note in result.notes if "fused=True" in note] == [
+        "fused-optimizer: optimizer (SGD): fused=True"]
+
+
 def test_channels_last_agrees_on_a_cnn_with_dropout_after_its_convolutions() -> None:
     # The PyTorch MNIST example's Net: Dropout on the pooled conv activations. On channels_last activations dropout
     # draws its mask in memory order, so from the same seed it zeroes other elements than the baseline (the update
