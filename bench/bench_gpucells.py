@@ -9,10 +9,11 @@ warm-up round), the median per cell reported:
 2. **ours**: `%load_ext jupyter_gpu`, which records every cell (the activity recorder's two hooks and the cell meter);
 3. **%%time**: the extension not loaded, each cell run as `%%time\\n<cell>`, its printout captured.
 
-The cells are `x = i * 2` (nothing to measure but the hooks). Where `torch.cuda.is_available()`, the three run again
-with CUDA initialised and each cell launching one small kernel (`y = a @ a` on a 256 x 256 tensor), where the
-recorder also resets the peak statistics, records two events and waits for the second: that is the cost the docs
-must state. Without a GPU that half says so and is left out.
+The cells are `x = i * 2` (nothing to measure but the hooks), run before anything initialises CUDA. Where
+`torch.cuda.is_available()`, the three run again with CUDA initialised and each cell launching one small kernel
+(`y = a @ a` on a 256 x 256 tensor), where the recorder also resets the peak statistics, records two events and
+waits for the second: that is the cost the docs must state. Then each CUDA call the cell meter makes is timed on its
+own, so a cost that looks high says where it goes. Without a GPU that half says so and is left out.
 
     .venv/bin/python bench/bench_gpucells.py [--cells 2000] [--rounds 5] [--markdown]
 """
@@ -59,6 +60,40 @@ def measure(ip, body: str, count: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in seen.items()}
 
 
+def meter_calls(torch, repeats: int = 500) -> list[tuple[str, float]]:
+    """The median seconds of each CUDA call `probekit.cell_meter` makes per cell, and of the whole open and close."""
+    from jupyter_gpu.kernel_torch import context_devices, torch_uuid
+    from jupyter_gpu.probekit.cell_meter import close_cell, open_cell
+
+    def waited() -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(0))
+        event.synchronize()
+
+    calls = {
+        "open_cell() + close_cell(), the whole meter": lambda: close_cell(open_cell()),
+        "torch.cuda.Event(enable_timing=True).record(stream)":
+            lambda: torch.cuda.Event(enable_timing=True).record(torch.cuda.current_stream(0)),
+        "record an event and wait for it": waited,
+        "torch.cuda.reset_peak_memory_stats(0)": lambda: torch.cuda.reset_peak_memory_stats(0),
+        "torch.cuda.memory_allocated(0)": lambda: torch.cuda.memory_allocated(0),
+        "torch.cuda.max_memory_allocated(0)": lambda: torch.cuda.max_memory_allocated(0),
+        "torch.cuda.memory_reserved(0)": lambda: torch.cuda.memory_reserved(0),
+        "context_devices(torch)": lambda: context_devices(torch),
+        "torch_uuid(torch, 0)": lambda: torch_uuid(torch, 0),
+    }
+    measured = []
+    for name, call in calls.items():
+        call()
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - began)
+        measured.append((name, statistics.median(times)))
+    return measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=2000)
@@ -73,9 +108,11 @@ def main() -> None:
     rows = []
     cases = [("CPU cells, CUDA not initialised", "x = {i} * 2")]
     if torch.cuda.is_available():
-        ip.run_cell("import torch\na = torch.randn(256, 256, device='cuda')\ntorch.cuda.synchronize()")
         cases.append(("CUDA initialised, one small kernel per cell", "y = a @ a"))
     for label, body in cases:
+        if "CUDA initialised" in label:  # only now: the first row's cells must run before CUDA starts
+            ip.run_cell("import torch\na = torch.randn(256, 256, device='cuda')\ntorch.cuda.synchronize()")
+        assert torch.cuda.is_initialized() == ("CUDA initialised" in label), label
         result = measure(ip, body, args.cells, args.rounds)
         base = result["none"]
         rows.append([label, f"{base * 1e6:.0f} µs", f"{result['ours'] * 1e6:.0f} µs",
@@ -86,6 +123,10 @@ def main() -> None:
                 args.markdown)
     if not torch.cuda.is_available():
         print("\nNo CUDA GPU here (torch.cuda.is_available() is False): the CUDA-initialised half was not run.")
+    else:
+        print("\nThe cell meter's CUDA calls, each timed alone (median of 500 calls):")
+        print_table(["call", "per call"], [[name, f"{seconds * 1e6:.1f} µs"] for name, seconds in meter_calls(torch)],
+                    args.markdown)
     print(f"\n{args.cells} cells x {args.rounds} rounds per way, the median per cell; torch {torch.__version__}")
 
 

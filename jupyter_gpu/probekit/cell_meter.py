@@ -17,7 +17,13 @@ from typing import Any
 
 from jupyter_gpu.cell_usage import average_utilization, kernel_devices, pid_listed
 from jupyter_gpu.facts.activity import reading, running_samples
-from jupyter_gpu.kernel_torch import context_devices, cuda_initialized, loaded_torch, torch_uuid
+from jupyter_gpu.kernel_torch import (
+    allocator_counters,
+    context_devices,
+    cuda_initialized,
+    loaded_torch,
+    torch_uuid,
+)
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, record_event
 
 
@@ -55,7 +61,7 @@ def close_cell(opened: OpenCell) -> dict[str, Any]:
             "peak_allocated": sum(device.peak_allocated for device in memory),
             "allocated_after": sum(device.allocated_after for device in memory),
             "left_behind": sum(device.allocated_after - device.allocated_before for device in memory),
-            "reserved_after": sum(int(torch.cuda.memory_reserved(index)) for index in devices),
+            "reserved_after": sum(allocator_counters(torch, index).reserved for index in devices),
             "uuids": [uuid for index in devices if (uuid := torch_uuid(torch, index))]}
 
 

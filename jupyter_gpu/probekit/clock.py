@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jupyter_gpu.kernel_torch import context_devices, cuda_initialized, loaded_torch
+from jupyter_gpu.kernel_torch import allocator_counters, context_devices, cuda_initialized, loaded_torch
 from jupyter_gpu.probekit.device_memory import DeviceMemory
 
 
@@ -95,7 +95,7 @@ class CudaMemoryWatch:
         self._before: dict[int, int] = {}
         if cuda_initialized(torch):
             for index in range(torch.cuda.device_count()):
-                self._before[index] = int(torch.cuda.memory_allocated(index))
+                self._before[index] = allocator_counters(torch, index).allocated
                 torch.cuda.reset_peak_memory_stats(index)
 
     def finish(self) -> list[DeviceMemory]:
@@ -105,12 +105,11 @@ class CudaMemoryWatch:
             return []
         found = []
         for index in range(torch.cuda.device_count()):
-            peak_allocated = int(torch.cuda.max_memory_allocated(index))
+            counters = allocator_counters(torch, index)
             before = self._before.get(index, 0)
-            after = int(torch.cuda.memory_allocated(index))
-            if peak_allocated == 0 and before == 0 and after == 0:
+            if counters.peak_allocated == 0 and before == 0 and counters.allocated == 0:
                 continue  # a device the cell never touched
-            found.append(DeviceMemory(device=f"cuda:{index}", peak_allocated=peak_allocated,
-                                      peak_reserved=int(torch.cuda.max_memory_reserved(index)),
-                                      allocated_before=before, allocated_after=after))
+            found.append(DeviceMemory(device=f"cuda:{index}", peak_allocated=counters.peak_allocated,
+                                      peak_reserved=counters.peak_reserved, allocated_before=before,
+                                      allocated_after=counters.allocated))
         return found
