@@ -140,7 +140,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)
     if timeline is not None and step_seconds:
         timeline = timeline.at_step(typical(step_seconds))  # the traced steps ran with a slowed host
-    operators, memory_share = _operators(totals, ceiling)
+    operators, memory_share = _operators(totals, ceiling, instruments.operator_gpu_seconds if timeline else {})
     if not device.startswith("cuda"):
         not_measured.append("On the CPU: no GPU timeline, no per-phase GPU time and no datasheet MFU; the measured "
                             "matmul ceiling applies instead.")
@@ -238,7 +238,11 @@ def _ceiling(torch: Any, device: str, compute: str, notes: list[str], not_measur
                    datasheet_source=peak.source if peak else None)
 
 
-def _operators(totals: Any, ceiling: Ceiling | None) -> tuple[list[Operator], float | None]:
+def _operators(totals: Any, ceiling: Ceiling | None,
+               gpu_seconds: dict[str, float]) -> tuple[list[Operator], float | None]:
+    """The operators ranked by what they cost a step, and the share of that in memory-bound ones. On CUDA the cost
+    is each operator's kernel time from the kernel timeline (`gpu_seconds`): the host's time for an operator there
+    is dispatch and launch, and ranked by it an `.item()` or a cast looked like the GPU's work."""
     if totals is None:
         return [], None
     ridge = ceiling.ridge_point if ceiling else None
@@ -251,10 +255,11 @@ def _operators(totals: Any, ceiling: Ceiling | None) -> tuple[list[Operator], fl
         if ridge is not None and count.bytes and not count.flops:
             bound = "memory"  # no FLOPs counted (elementwise, norms, copies): it only moves data
         found.append(Operator(name=name, calls=count.calls, seconds=count.seconds, flops=count.flops,
-                              bytes=count.bytes, bound=bound))
-    found.sort(key=lambda op: -op.seconds)
-    total = sum(op.seconds for op in found)
-    memory = sum(op.seconds for op in found if op.bound == "memory")
+                              bytes=count.bytes, bound=bound,
+                              gpu_seconds=gpu_seconds.get(name, 0.0) if gpu_seconds else None))
+    found.sort(key=lambda op: -op.time)
+    total = sum(op.time for op in found)
+    memory = sum(op.time for op in found if op.bound == "memory")
     return found[:TOP_OPERATORS], (memory / total if total and ridge is not None else None)
 
 

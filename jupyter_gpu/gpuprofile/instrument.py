@@ -125,6 +125,7 @@ class Instruments:
         self.kineto: Any = None
         self.timeline_steps_left = 0
         self.kernel_events: list[GpuEvent] = []
+        self.operator_gpu_seconds: dict[str, float] = {}  # aten operator -> its kernels' seconds per traced step
         self.kernel_window: tuple[float, float] = (0.0, 0.0)
         self.kernel_steps = 0
         self.timeline_error: str | None = None
@@ -254,6 +255,7 @@ class Instruments:
             profiler.__exit__(None, None, None)
             self.kernel_events, self.kernel_window = gpu_events(self.torch, profiler)
             self.kernel_steps = TIMELINE_STEPS - max(self.timeline_steps_left, 0)
+            self.operator_gpu_seconds = operator_device_seconds(profiler, self.kernel_steps)
         except Exception as exc:  # a trace torch could not give back: said, not raised
             self.timeline_error = f"the kernel trace could not be read ({type(exc).__name__}: {exc})"
 
@@ -543,6 +545,23 @@ def gpu_events(torch: Any, profiler: Any) -> tuple[list[GpuEvent], tuple[float, 
     starts = [e.start_ns() for e in events]
     ends = [e.end_ns() for e in events]
     return found, ((min(starts) / 1e9, max(ends) / 1e9) if events else (0.0, 0.0))
+
+
+def operator_device_seconds(profiler: Any, steps: int) -> dict[str, float]:
+    """Each aten operator's kernel time per step in a finished torch.profiler run, by the name the operator census
+    uses ("mm", "convolution_backward"). The census sees the outermost operators below autograd, so each gets its
+    inclusive time: `convolution`'s kernels are launched by `cudnn_convolution`, called inside it."""
+    if steps < 1:
+        return {}
+    found: dict[str, float] = {}
+    for average in profiler.key_averages():
+        name = str(average.key)
+        if name.startswith("aten::"):
+            micros = getattr(average, "device_time_total", None)
+            if micros is None:  # torch before 2.4 named it for CUDA
+                micros = getattr(average, "cuda_time_total", 0.0)
+            found[name.removeprefix("aten::")] = float(micros) / 1e6 / steps
+    return found
 
 
 def _add_into(total: StepRecord, record: StepRecord) -> None:

@@ -154,13 +154,26 @@ def _bar_text(buckets: list[Bucket]) -> str:
     return f"  [{cells:<{BAR_WIDTH}}]  {legend}"
 
 
+def _on_gpu_time(result: ProfileResult) -> bool:
+    return any(op.gpu_seconds is not None for op in result.operators)
+
+
 def _operator_rows(result: ProfileResult) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = [OPERATOR_HEADINGS]
+    headings = OPERATOR_HEADINGS if not _on_gpu_time(result) else (
+        OPERATOR_HEADINGS[0], OPERATOR_HEADINGS[1], "GPU time/step", *OPERATOR_HEADINGS[3:])
+    rows: list[tuple[str, ...]] = [headings]
     for op in result.operators:
-        rows.append((op.name, format_count(op.calls), format_seconds(op.seconds), f"{op.flops / 1e9:.3g}",
+        rows.append((op.name, format_count(op.calls), format_seconds(op.time), f"{op.flops / 1e9:.3g}",
                      f"{op.bytes / 1e6:.3g}", f"{op.intensity:.3g}" if op.intensity is not None else "",
                      op.bound or "?"))
     return rows
+
+
+def _operators_title(result: ProfileResult) -> str:
+    if _on_gpu_time(result):
+        return ("Top operators by their kernels' time per step (the kernel timeline's steps; calls, FLOPs and bytes "
+                "from one counted step)")
+    return "Top operators over one counted step"
 
 
 def render_text(result: ProfileResult) -> str:
@@ -194,8 +207,8 @@ def render_text(result: ProfileResult) -> str:
                else "candidates for torch.compile")
         share = "" if result.memory_bound_share is None else \
             f"; {result.memory_bound_share:.0%} of operator time is memory-bound ({why})"
-        lines += ["", f"Top operators over one counted step{share}:"]
-        lines += table_text(_operator_rows(result), OPERATOR_HEADINGS[1:6])
+        lines += ["", f"{_operators_title(result)}{share}:"]
+        lines += table_text(_operator_rows(result), _operator_rows(result)[0][1:6])
     if result.applied is not None:
         lines += ["", "--apply: the loop again with the fixes that need no edit of your code:"]
         lines += _applied_text(result.applied)
@@ -310,7 +323,7 @@ def render_html(result: ProfileResult) -> str:
             for item in result.plan)
         parts.append(f"<div><b>What to fix first</b></div><ol>{items}</ol>")
     if result.operators:
-        parts.append("<div><b>Top operators over one counted step</b></div>")
+        parts.append(f"<div><b>{escape(_operators_title(result))}</b></div>")
         parts.append(_table_html(_operator_rows(result)))
     if result.applied is not None:
         parts.append("<div><b>--apply: before and after</b></div>")

@@ -119,6 +119,14 @@ class Operator:
     flops: int
     bytes: int
     bound: str | None         # "compute" or "memory" against the ridge point; None when no ridge point is known
+    # CUDA: its kernels' time per step in the kernel timeline's steps (torch.profiler); None where there is none.
+    # `seconds` is then the host's time dispatching and launching it, not what it costs the GPU.
+    gpu_seconds: float | None = None
+
+    @property
+    def time(self) -> float:
+        """What the operator costs a step: its kernels' time where the timeline has it, else its host time."""
+        return self.gpu_seconds if self.gpu_seconds is not None else self.seconds
 
     @property
     def intensity(self) -> float | None:

@@ -617,6 +617,47 @@ def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_th
     assert busy.at_step(0.006).busy == pytest.approx(0.75)
 
 
+def test_on_cuda_operators_rank_by_their_kernels_time_not_the_hosts() -> None:
+    # As on the H200: a bf16 transformer's table led with `_to_copy` (12.9 ms of host time a step) and
+    # `_local_scalar_dense` (104 CPU scalar reads, 2.7 ms), and "100% of operator time is memory-bound".
+    from jupyter_gpu.gpuprofile.assemble import _operators
+    from jupyter_gpu.gpuprofile.census import CensusTotals, OperatorCount
+
+    totals = CensusTotals(operators={
+        "_to_copy": OperatorCount(calls=196, seconds=0.0129, bytes=680_000_000),
+        "_local_scalar_dense": OperatorCount(calls=104, seconds=0.0027, bytes=416),
+        "mm": OperatorCount(calls=76, seconds=0.0072, flops=232_000_000_000, bytes=1_000_000_000),
+    }, flops_by_dtype={})
+    ceiling = Ceiling(device="cuda:0", compute="bf16", matmul_flops=8.5e14, bandwidth=3.6e12, seconds=0.07,
+                      datasheet_flops=989e12, datasheet_bandwidth=4.8e12)
+    host, host_share = _operators(totals, ceiling, {})
+    assert [op.name for op in host] == ["_to_copy", "mm", "_local_scalar_dense"] and host_share > 0.6
+    gpu_times = {"_to_copy": 0.0004, "_local_scalar_dense": 0.0, "mm": 0.0030, "addmm": 0.001}
+    ranked, share = _operators(totals, ceiling, gpu_times)
+    assert [(op.name, op.time) for op in ranked] == [("mm", 0.0030), ("_to_copy", 0.0004),
+                                                     ("_local_scalar_dense", 0.0)]
+    assert ranked[0].seconds == 0.0072 and ranked[0].bound == "compute"  # the host time is kept beside it
+    assert share == pytest.approx(0.0004 / 0.0034)
+    text = render_text(profile(operators=ranked, memory_bound_share=share))
+    assert "Top operators by their kernels' time per step" in text and "GPU time/step" in text
+    assert "12% of operator time is memory-bound" in text
+
+
+def test_operator_device_time_is_read_from_a_real_trace_by_the_census_names() -> None:
+    import torch
+
+    from jupyter_gpu.gpuprofile.instrument import operator_device_seconds
+
+    a = torch.randn(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as traced:
+        for _ in range(2):
+            (a @ a + 1).sum()
+    found = operator_device_seconds(traced, steps=2)
+    assert {"mm", "add", "sum"} <= set(found)  # aten::mm -> "mm", as the census names them
+    assert all(seconds == 0.0 for seconds in found.values())  # no CUDA here: no kernel time
+    assert operator_device_seconds(traced, steps=0) == {}
+
+
 def test_the_compile_fixes_name_the_models_the_loop_called() -> None:
     from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
 

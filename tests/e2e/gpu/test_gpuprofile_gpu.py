@@ -56,6 +56,9 @@ def test_each_phase_gets_its_gpu_time_and_the_mfu_its_datasheet_peak() -> None:
     assert timeline is not None and timeline.steps == 3, result.not_measured
     assert 0 < timeline.busy <= 1 and timeline.kernels_per_step > 3 and timeline.median_kernel > 0
     assert result.gpu_busy == timeline.busy
+    # The operators are ranked by their kernels' time from the trace: the matrix products lead this MLP's step.
+    assert result.operators and all(op.gpu_seconds is not None for op in result.operators)
+    assert result.operators[0].gpu_seconds > 0 and result.operators[0].name in ("mm", "addmm"), result.operators
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
