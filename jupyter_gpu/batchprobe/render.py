@@ -199,8 +199,14 @@ def plot_png(result: BatchProbeResult) -> bytes | None:
 def _memory_line(result: BatchProbeResult) -> str:
     text = f"{format_bytes(result.memory_before)} in use before, {format_bytes(result.memory_after)} after"
     leftover = result.memory_after - result.memory_before
-    if leftover > 0:
+    if leftover > 0 and (result.leftovers or result.leak):
         return text + f": {format_bytes(leftover)} more than before (something the step created is still referenced)"
+    if leftover > 0:
+        # The storage ledger saw every tensor the trials made freed: on the H200 a ResNet's probe ended 65.0 MiB up,
+        # cuBLAS's workspaces' size there, which torch allocates from its allocator and keeps for the process.
+        return text + (f": {format_bytes(leftover)} more than before, held by no tensor the trials made (on CUDA, "
+                       "library workspaces such as cuBLAS's, which PyTorch allocates at a first matrix product and "
+                       "keeps for the process)")
     return text + ": back to the starting level"
 
 
