@@ -39,7 +39,7 @@ PURE = [
     "jupyter_gpu.probekit.exceptions", "jupyter_gpu.probekit.device_memory",
     "jupyter_gpu.gpuprofile", "jupyter_gpu.gpuprofile.peaks", "jupyter_gpu.gpuprofile.result",
     "jupyter_gpu.gpuprofile.timeline", "jupyter_gpu.gpuprofile.plan", "jupyter_gpu.gpuprofile.lift",
-    "jupyter_gpu.gpuprofile.render", "jupyter_gpu.gpuprofile.kernels", "jupyter_gpu.gpuprofile.request",
+    "jupyter_gpu.gpuprofile.render", "jupyter_gpu.gpuprofile.request",
     "jupyter_gpu.dataprobe", "jupyter_gpu.dataprobe.settings", "jupyter_gpu.dataprobe.result",
     "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",

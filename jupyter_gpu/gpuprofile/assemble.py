@@ -11,7 +11,6 @@ from typing import Any
 
 from jupyter_gpu.gpuprofile import lift, plan
 from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan, loaders_seen
-from jupyter_gpu.gpuprofile.kernels import analyse
 from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
 from jupyter_gpu.gpuprofile.request import ProfileRequest
 from jupyter_gpu.gpuprofile.result import (
@@ -33,6 +32,7 @@ from jupyter_gpu.gpuprofile.result import (
 )
 from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.kernel_trace import analyse
 from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how, value_at
 
 TOP_OPERATORS = 10

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.gpuprofile.kernels import GpuEvent
 from jupyter_gpu.gpuprofile.lift import LoopScope
 from jupyter_gpu.gpuprofile.result import (
     BACKWARD,
@@ -51,6 +50,7 @@ from jupyter_gpu.gpuprofile.result import (
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.batch_structure import first_dimension
+from jupyter_gpu.probekit.kernel_trace import GpuEvent, gpu_events, operator_device_seconds
 from jupyter_gpu.probekit.training_state import named_values
 
 TIMELINE_STEPS = 3  # steps under torch.profiler for the kernel timeline (CUDA only), after the counted step
@@ -525,43 +525,6 @@ class Instruments:
     # -- afterwards --------------------------------------------------------------------------------------------
     def sync_source(self, site: tuple[str, int]) -> str:
         return linecache.getline(site[0], site[1]).strip()
-
-
-def gpu_events(torch: Any, profiler: Any) -> tuple[list[GpuEvent], tuple[float, float]]:
-    """The GPU events of a finished torch.profiler run, each with when the CPU started the runtime call that queued
-    it (linked by correlation id), in seconds; and the window the trace covers."""
-    events = profiler.profiler.kineto_results.events()
-    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
-    launches = {e.correlation_id(): e.start_ns() for e in events
-                if e.device_type() == cpu and e.correlation_id() and e.name().startswith(("cuda", "cu"))}
-    found = []
-    for event in events:
-        if event.device_type() != cuda or "Sync" in event.name():
-            continue
-        launched = launches.get(event.correlation_id()) or launches.get(event.linked_correlation_id())
-        found.append(GpuEvent(start=event.start_ns() / 1e9, end=event.end_ns() / 1e9,
-                              stream=int(event.device_resource_id()),
-                              launched=launched / 1e9 if launched else None))
-    starts = [e.start_ns() for e in events]
-    ends = [e.end_ns() for e in events]
-    return found, ((min(starts) / 1e9, max(ends) / 1e9) if events else (0.0, 0.0))
-
-
-def operator_device_seconds(profiler: Any, steps: int) -> dict[str, float]:
-    """Each aten operator's kernel time per step in a finished torch.profiler run, by the name the operator census
-    uses ("mm", "convolution_backward"). The census sees the outermost operators below autograd, so each gets its
-    inclusive time: `convolution`'s kernels are launched by `cudnn_convolution`, called inside it."""
-    if steps < 1:
-        return {}
-    found: dict[str, float] = {}
-    for average in profiler.key_averages():
-        name = str(average.key)
-        if name.startswith("aten::"):
-            micros = getattr(average, "device_time_total", None)
-            if micros is None:  # torch before 2.4 named it for CUDA
-                micros = getattr(average, "cuda_time_total", 0.0)
-            found[name.removeprefix("aten::")] = float(micros) / 1e6 / steps
-    return found
 
 
 def _add_into(total: StepRecord, record: StepRecord) -> None:

@@ -9,8 +9,8 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
-from jupyter_gpu.gpuprofile.kernels import GpuTimeline
 from jupyter_gpu.models import RichResult
+from jupyter_gpu.probekit.kernel_trace import GpuTimeline
 
 # What a profile counts as its steps (`ProfileResult.counted`).
 OPTIMIZER_STEPS, BATCHES, ONE_RUN = "optimizer steps", "DataLoader batches", "one run of the cell"

@@ -185,7 +185,7 @@ class StepRunner:
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
-                raise StepRaised(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                raise StepRaised(f"{type(exc).__name__}: {first_line(exc)}") from exc
         if inspect_step:
             record.trained = census.trained
             record.batch_size, record.batches = census.batch_size, census.batches
@@ -346,7 +346,7 @@ def relative_difference(update: list[Any] | None, reference: list[Any] | None) -
     return math.sqrt(difference / norm) if math.isfinite(difference) else math.inf
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 

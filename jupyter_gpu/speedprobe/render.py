@@ -102,8 +102,16 @@ def launch_paragraph(result: SpeedProbeResult) -> str | None:
     if _on_cpu(launch):
         return (f"overhead-bound: {measured}: Python and PyTorch's dispatcher, not arithmetic, take the time; "
                 "a bigger batch or torch.compile cuts it.")
+    if launch.gpu_busy is not None:
+        return (f"launch-bound: {measured}, and the GPU ran kernels for {launch.gpu_busy:.0%} of the step "
+                f"({_kernels(launch)}, traced): it waits on Python. A bigger batch, compile-reduce-overhead (CUDA "
+                "graphs) or, for a tiny model, the CPU may be faster.")
     return (f"launch-bound: {measured}, near the few-µs launch cost: the GPU waits on Python. A bigger batch, "
             "compile-reduce-overhead (CUDA graphs) or, for a tiny model, the CPU may be faster.")
+
+
+def _kernels(launch: LaunchProfile) -> str:
+    return f"{format_count(round(launch.kernels))} kernels" if launch.kernels is not None else "kernels"
 
 
 def _on_cpu(launch: LaunchProfile) -> bool:
@@ -136,8 +144,10 @@ def _operators_line(launch: LaunchProfile | None) -> str | None:
         return None
     if not launch.ops:
         return f"none counted on {launch.device} in the baseline step"
+    busy = "" if launch.gpu_busy is None else \
+        f"; the GPU ran kernels for {launch.gpu_busy:.0%} of the step ({_kernels(launch)}, traced)"
     return (f"{format_count(launch.ops)} per step on {launch.device} at {format_seconds(launch.seconds_per_op)} "
-            "each (not launch-bound)")
+            f"each{busy} (not launch-bound)")
 
 
 def _repeatability_line(difference: float) -> str:

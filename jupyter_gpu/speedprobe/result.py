@@ -89,6 +89,10 @@ class LaunchProfile:
     ops: int                     # operators one baseline step dispatched on that device
     step_seconds: float          # the baseline's median step
     launch_bound: bool
+    # CUDA: the share of a baseline step the GPU ran kernels, from one call traced under torch.profiler and set
+    # against the untraced step; None where no trace was taken (the CPU, or the profiler failed).
+    gpu_busy: float | None = None
+    kernels: float | None = None  # kernels one traced call launched
 
     @property
     def seconds_per_op(self) -> float:

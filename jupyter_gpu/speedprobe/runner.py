@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
@@ -29,6 +30,7 @@ from jupyter_gpu.speedprobe.measure import (
     RoundedRun,
     Run,
     StepRunner,
+    first_line,
     relative_difference,
     update_scale,
 )
@@ -188,6 +190,7 @@ class _Probe:
         self.combination: OptionTrial | None = None
         self.compiled = False
         self.notes: list[str] = []
+        self.timeline: GpuTimeline | None = None  # one traced call of the step (CUDA only)
 
     # -- the sequence ---------------------------------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class _Probe:
             raise SpeedProbeError(f"`{self.step_name}` raised {first.error} (everything it changed was put back)")
         self.baseline_run = first
         self.baseline = self._trial("baseline", (), first)
+        self._trace()
         # Planned after the baseline: its counted step shows the formats the step computes in (its own autocast)
         # and whether it trains at all (an evaluation step has no update to compare, and fp16 needs no scaler).
         self.setting.compute_dtypes = first.compute_dtypes
@@ -405,8 +409,25 @@ class _Probe:
             return None
         device_type = self.setting.device_type
         ops = int(run.ops.get(device_type, 0))
+        timeline = self.timeline.at_step(baseline.seconds) if self.timeline is not None else None
+        busy = timeline.busy if timeline is not None else None
         return LaunchProfile(device=str(self.setting.device), ops=ops, step_seconds=baseline.seconds,
-                             launch_bound=decide.launch_bound(device_type, ops, baseline.seconds))
+                             launch_bound=decide.launch_bound(device_type, ops, baseline.seconds, busy),
+                             gpu_busy=busy, kernels=timeline.kernels_per_step if timeline is not None else None)
+
+    def _trace(self) -> None:
+        """On CUDA, one more call of the step under torch.profiler: how long its kernels run, for the launch-bound
+        verdict. A trace that fails is a note, never the probe's failure."""
+        if self.setting.device_type != "cuda":
+            return
+        self.ticker.resume(f"speedprobe {self.step_name}: tracing one step's kernels")
+        try:
+            self.timeline, _ = trace_kernels(self.setting.torch, self.runner.step)
+        except Exception as exc:  # CUPTI missing, a profiler already running: judged without it
+            self.notes.append(f"the step's kernels could not be traced ({type(exc).__name__}: {first_line(exc)}); "
+                              "launch-bound is judged from the time per operator")
+        finally:
+            self.put_back()
 
     def _used(self) -> tuple[list[Any], list[Any]]:
         """The notebook's models the step called and the optimizers it stepped, as the baseline's counted step saw

@@ -559,7 +559,7 @@ def test_to_dict_is_plain_data() -> None:
 # -- the kernel timeline ------------------------------------------------------------------------------------------
 
 def test_idle_gaps_are_split_as_hta_splits_them_and_busy_counts_overlap_once() -> None:
-    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+    from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse
 
     us = 1e-6
     events = [
@@ -580,7 +580,7 @@ def test_idle_gaps_are_split_as_hta_splits_them_and_busy_counts_overlap_once() -
 
 
 def test_many_short_kernels_with_an_idle_gpu_are_launch_bound_and_planned() -> None:
-    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+    from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse
 
     events = [GpuEvent(i * 50e-6, i * 50e-6 + 5e-6, stream=7, launched=i * 50e-6 + 1e-6) for i in range(400)]
     timeline = analyse(events, steps=2, window=(0.0, 0.02))
@@ -593,7 +593,7 @@ def test_many_short_kernels_with_an_idle_gpu_are_launch_bound_and_planned() -> N
 def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_the_step() -> None:
     # As on the H200: torch.profiler slowed a 38.4 ms transformer step to about 53 ms, and the trace had the GPU
     # waiting 46 ms a step for the host; the plan said "launch-bound (45.9 ms/step)" on a 38.4 ms step.
-    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+    from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse
 
     traced = 0.053
     events = [GpuEvent(i * traced / 860, i * traced / 860 + 8e-6, stream=7, launched=i * traced / 860 + 2e-6)
@@ -646,7 +646,7 @@ def test_on_cuda_operators_rank_by_their_kernels_time_not_the_hosts() -> None:
 def test_operator_device_time_is_read_from_a_real_trace_by_the_census_names() -> None:
     import torch
 
-    from jupyter_gpu.gpuprofile.instrument import operator_device_seconds
+    from jupyter_gpu.probekit.kernel_trace import operator_device_seconds
 
     a = torch.randn(64, 64)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as traced:
@@ -659,7 +659,7 @@ def test_operator_device_time_is_read_from_a_real_trace_by_the_census_names() ->
 
 
 def test_the_compile_fixes_name_the_models_the_loop_called() -> None:
-    from jupyter_gpu.gpuprofile.kernels import GpuEvent, analyse
+    from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse
 
     events = [GpuEvent(i * 50e-6, i * 50e-6 + 5e-6, stream=7, launched=i * 50e-6 + 1e-6) for i in range(400)]
     timeline = analyse(events, steps=2, window=(0.0, 0.02))
@@ -675,7 +675,7 @@ def test_the_compile_fixes_name_the_models_the_loop_called() -> None:
 
 
 def test_no_events_no_timeline() -> None:
-    from jupyter_gpu.gpuprofile.kernels import analyse
+    from jupyter_gpu.probekit.kernel_trace import analyse
 
     assert analyse([], steps=3, window=(0.0, 1.0)) is None
 

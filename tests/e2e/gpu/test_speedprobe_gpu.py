@@ -58,8 +58,10 @@ def test_the_tiny_mlp_at_batch_one_is_launch_bound_and_compiles_in_both_modes() 
     result = probe_speed(training.step, options=("fused-optimizer", "compile", "compile-reduce-overhead"), steps=10,
                          namespace=training.namespace())
     print(result)
+    # Judged by a kernel trace of one step: on the H200 the fixed 20 µs per operator missed it (32 µs there).
     assert result.launch is not None and result.launch.launch_bound, result.launch
-    assert "launch-bound" in str(result)
+    assert result.launch.gpu_busy is not None and result.launch.gpu_busy < 0.5, result.launch
+    assert "launch-bound" in str(result) and "traced" in str(result)
     for name in ("compile", "compile-reduce-overhead"):
         trial = result.option(name)
         assert trial.error is None and trial.skipped is None, (name, trial.error, trial.skipped)

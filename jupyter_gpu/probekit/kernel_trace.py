@@ -1,5 +1,7 @@
 """The GPU's kernel timeline over a few steps: how busy it was, why it was idle, how many kernels a step launches and
-how long they run. Pure Python: the events come in as plain numbers (seconds on one clock).
+how long they run, and each operator's kernel time; read from a torch.profiler trace (`gpu_events`,
+`operator_device_seconds`, `trace_kernels`) and analysed in plain Python (the events as seconds on one clock).
+`%%gpuprofile` traces a few steps of the loop; `%speedprobe` one call of its step, to tell a launch-bound step.
 
 Idle time is split as Holistic Trace Analysis splits it (`_analyze_idle_time_for_stream`), per stream: the gap before
 a kernel is **host wait** when the CPU had not yet started launching it when the stream's previous kernel ended (the
@@ -16,6 +18,7 @@ kernels' time per step over that step, and the rest of the step is idle, split a
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -98,3 +101,53 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
                        kernel_wait=waits["kernel"] / steps, other_wait=waits["other"] / steps,
                        kernels_per_step=len(events) / steps,
                        median_kernel=statistics.median(e.end - e.start for e in events))
+
+
+def gpu_events(torch: Any, profiler: Any) -> tuple[list[GpuEvent], tuple[float, float]]:
+    """The GPU events of a finished torch.profiler run, each with when the CPU started the runtime call that queued
+    it (linked by correlation id), in seconds; and the window the trace covers."""
+    events = profiler.profiler.kineto_results.events()
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    launches = {e.correlation_id(): e.start_ns() for e in events
+                if e.device_type() == cpu and e.correlation_id() and e.name().startswith(("cuda", "cu"))}
+    found = []
+    for event in events:
+        if event.device_type() != cuda or "Sync" in event.name():
+            continue
+        launched = launches.get(event.correlation_id()) or launches.get(event.linked_correlation_id())
+        found.append(GpuEvent(start=event.start_ns() / 1e9, end=event.end_ns() / 1e9,
+                              stream=int(event.device_resource_id()),
+                              launched=launched / 1e9 if launched else None))
+    starts = [e.start_ns() for e in events]
+    ends = [e.end_ns() for e in events]
+    return found, ((min(starts) / 1e9, max(ends) / 1e9) if events else (0.0, 0.0))
+
+
+def operator_device_seconds(profiler: Any, steps: int) -> dict[str, float]:
+    """Each aten operator's kernel time per step in a finished torch.profiler run, by the name the operator census
+    uses ("mm", "convolution_backward"). The census sees the outermost operators below autograd, so each gets its
+    inclusive time: `convolution`'s kernels are launched by `cudnn_convolution`, called inside it."""
+    if steps < 1:
+        return {}
+    found: dict[str, float] = {}
+    for average in profiler.key_averages():
+        name = str(average.key)
+        if name.startswith("aten::"):
+            micros = getattr(average, "device_time_total", None)
+            if micros is None:  # torch before 2.4 named it for CUDA
+                micros = getattr(average, "cuda_time_total", 0.0)
+            found[name.removeprefix("aten::")] = float(micros) / 1e6 / steps
+    return found
+
+
+def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> tuple[GpuTimeline | None, dict[str, float]]:
+    """`run()` called `steps` times under torch.profiler (CPU and CUDA activity): its kernel timeline and each
+    operator's kernel time per call. CUDA must be initialised already; the caller puts back what `run` changed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    events, window = gpu_events(torch, traced)
+    return analyse(events, steps, window), operator_device_seconds(traced, steps)
