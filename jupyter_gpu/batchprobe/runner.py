@@ -410,6 +410,10 @@ def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: li
     for size, rate in fitted_rates:
         best_per_size[size] = max(rate, best_per_size.get(size, 0.0))
     line = _memory_model(search.outcomes, answer) if answer else None
+    off = off_the_line(line, search.outcomes) if line is not None else None
+    if off is not None:
+        notes.append(off)
+        line = None
     if search.contradiction is not None and answer:
         size, predicted = search.contradiction
         notes.append(f"The step ran out of memory at batch {size}, where the memory the probe counts predicted a peak "
@@ -453,6 +457,23 @@ def _memory_model(outcomes: list[Outcome], answer: int) -> tuple[float, float] |
             intercept, per_sample = model.binding_line(max(answer, large.batch_size))
             return (intercept, per_sample) if per_sample > 0 else None
     return memory_line(outcomes, below=below)
+
+
+def off_the_line(line: tuple[float, float], outcomes: list[Outcome]) -> str | None:
+    """Why the memory model is left out, when its line misses the smallest fitted trial's peak by more than 2x;
+    None when it holds there. On the H200 a ResNet's peaks went 128 MiB at 2, 117 GiB at 22,116 and 139 GiB at
+    65,536 (the GPU's libraries took more of the memory left free as the batch grew), and the line through the
+    largest two read "118.0 GiB + 334.1 KiB per sample", which describes no batch a user would run."""
+    fitted = sorted({o.batch_size: o.peak_bytes for o in outcomes if o.fitted and o.peak_bytes}.items())
+    if len(fitted) < 3:
+        return None
+    size, peak = fitted[0]
+    predicted = line[0] + line[1] * size
+    if peak / 2 <= predicted <= 2 * peak:
+        return None
+    shown = ", ".join(f"{format_bytes(p)} at {s:,}" for s, p in (fitted[0], fitted[len(fitted) // 2], fitted[-1]))
+    return (f"No memory model: the peaks do not grow along a line with the batch ({shown}); the sizes shown are "
+            "measured, not predicted.")
 
 
 def _ignores_batch_size(trials: list[Trial], search: BatchSizeSearch) -> bool:

@@ -659,3 +659,19 @@ def test_a_step_still_growing_at_the_top_is_not_flat_and_needs_no_extra_trial() 
     assert flat_check_size(points, start=2) is None
     assert not flat_in_batch_size([*points, (256, peak(256))])
     assert flat_check_size([(2, 10), (4096, 10)], start=512) is None  # the top's base would be below --start
+
+
+def test_a_memory_line_that_misses_the_smallest_batch_is_left_out_and_said_why() -> None:
+    # The H200's ResNet probe: the line through the two largest trials read "118.0 GiB + 334.1 KiB per sample".
+    from jupyter_gpu.batchprobe.runner import off_the_line
+
+    gib, mib = 1 << 30, 1 << 20
+    peaks = {2: 128 * mib, 4: 132 * mib, 32: 216 * mib, 22116: int(117.2 * gib), 47393: int(126.5 * gib),
+             65536: int(138.9 * gib)}
+    outcomes = [Outcome(size, True, peak) for size, peak in peaks.items()]
+    why = off_the_line((118.0 * gib, 334.1 * 1024), outcomes)
+    assert why is not None and why.startswith("No memory model: the peaks do not grow along a line with the batch")
+    assert "128.0 MiB at 2" in why and "138.9 GiB at 65,536" in why
+    # A line that holds at the smallest trial stays.
+    linear = [Outcome(size, True, 100 * mib + size * mib) for size in (2, 8, 32, 128)]
+    assert off_the_line((100 * mib, mib), linear) is None
