@@ -610,6 +610,12 @@ def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_th
     assert item.seconds < 0.0384
     text = render_text(result)
     assert "of a typical step" in text and "under torch.profiler, 53.0 ms per step there" in text
+    # The phases' CUDA-event GPU time is a span that waits with the host: the note says so, with the kernels' time.
+    assert "GPU time: each phase's span" not in text  # no phase has a GPU time here
+    forward = replace(result.breakdown[1], gpu_seconds=0.0150)
+    spans = render_text(replace(result, breakdown=[result.breakdown[0], forward, *result.breakdown[2:]]))
+    assert ("GPU time: each phase's span on the GPU (CUDA events around it), idle gaps included; its kernels ran "
+            "6.88 ms of the whole step (18%, kernel timeline)") in spans
     # Kernels that fill most of the unprofiled step are not launch-bound, however idle the traced GPU looked.
     busy = analyse([GpuEvent(i * 1e-4, i * 1e-4 + 1.5e-5, stream=7, launched=i * 1e-4 + 2e-5) for i in range(900)],
                    steps=3, window=(0.0, 0.09))
