@@ -72,11 +72,11 @@ def estimate_peaks(step: Callable[[int], Any], sizes: list[int], *, namespace: d
     began = time.perf_counter()
     objects = find_training_objects(namespace, step)
     device_type = _check_devices(torch, objects)
+    snapshot = StateSnapshot.take(objects, step)  # the user's step: its counters and lists run for real here too
     if amp is not None:
         step = _under_autocast(torch, step, device_type, amp)
     notes = _object_notes(objects)
     points: dict[int, int] = {}
-    snapshot = StateSnapshot.take(objects)
 
     def peak_at(size: int) -> int:
         if size not in points:

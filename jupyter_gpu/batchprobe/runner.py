@@ -113,7 +113,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         budget.release_cache()
         memory_before = budget.in_use()
         baseline = _holders(torch, namespace, objects, budget)
-        snapshot = StateSnapshot.take(objects)
+        snapshot = StateSnapshot.take(objects, step)
         budget.exclude(snapshot.host_tensors())
         runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
         # A OneCycleLR the step calls starts over at its end instead of raising (probekit/schedules.py).
@@ -136,6 +136,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
                     snapshot.restore()
                 (progress or _silent)("")
         snapshot_bytes = snapshot.host_bytes
+        changed = snapshot.changed_variables
         del snapshot, runner.snapshot  # the host copies go now: the "after" figure must not count them
         release_last_error(shell)  # collects, too
         budget.release_cache()
@@ -143,7 +144,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     finally:
         budget.close()
     notes += [restarted_note(name) for name in restarted]
-    return _result(runner, request, budget, [*objects.names(), "RNG"], notes, memory_before, memory_after,
+    return _result(runner, request, budget, [*objects.names(), *changed, "RNG"], notes, memory_before, memory_after,
                    snapshot_bytes, time.perf_counter() - started, baseline)
 
 
@@ -289,7 +290,7 @@ class _Runner:
 
     def _trial(self, size: int, purpose: str, how: str) -> Trial:
         self._show(f"trial {len(self.trials) + 1}: batch {size} ({how}) …", ticking=True)
-        self.snapshot.restore()
+        self.snapshot.restore(variables=False)  # the variables once, at the end: see StateSnapshot.restore
         started = time.perf_counter()
         times: list[float] = []
         live_after: list[int] = []  # what each call left live
@@ -318,7 +319,7 @@ class _Runner:
         peak = self.budget.peak()
         needed = self.budget.refused_at() if failure is not None else None
         self.budget.end_trial()
-        self.snapshot.restore()
+        self.snapshot.restore(variables=False)  # the variables once, at the end: see StateSnapshot.restore
         if failure is not None and (self.budget.leftovers() or not self.budget.tracks_every_storage):
             # A failed step can leave reference cycles (half-built autograd graphs, frames) that hold tensors; a
             # successful one frees by reference counting. A full collection costs a large notebook ~0.3 s, the

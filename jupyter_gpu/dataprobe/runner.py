@@ -113,7 +113,7 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     if step is not None and not callable(step):
         raise DataProbeError(f"the step is a {type(step).__name__}, not a function step(batch).")
     objects = find_training_objects(namespace or {}, step) if step is not None else TrainingObjects([], [], [], [])
-    snapshot = StateSnapshot.take(objects)
+    snapshot = StateSnapshot.take(objects, step)
     samplers = SamplerStates.take(loader)
 
     def restore() -> None:
@@ -142,7 +142,7 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     if memory_before is not None and memory_after is not None and memory_after > memory_before:
         probe.notes.append(f"CUDA memory in use is {format_bytes(memory_after - memory_before)} above where it was "
                            "before the probe: something the step created is still referenced.")
-    restored = [*objects.names(), "RNG", "sampler"]
+    restored = [*objects.names(), *snapshot.changed_variables, "RNG", "sampler"]
     return probe.result(loader_name, step_name if step is not None else None, restored)
 
 

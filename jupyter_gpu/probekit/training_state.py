@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_gpu.kernel_torch import loaded_torch
+from jupyter_gpu.probekit.step_variables import StepVariables
 
 if TYPE_CHECKING:
     import torch
@@ -631,7 +632,8 @@ class StateSnapshot:
         self._rng = rng
 
     @classmethod
-    def take(cls, objects: TrainingObjects) -> StateSnapshot:
+    def take(cls, objects: TrainingObjects, step: Any = None) -> StateSnapshot:
+        """`step`: also the notebook variables the step changes as it runs (`probekit.step_variables`)."""
         store = _TensorStore()
         parts: list[_Part] = [
             _ModuleState(objects.modules, store),
@@ -640,16 +642,27 @@ class StateSnapshot:
             *(_SchedulerState(scheduler, store, objects.objects()) for scheduler in objects.schedulers),
             *(_ScalerState(scaler, store) for scaler in objects.scalers),
         ]
+        if step is not None:
+            parts.append(StepVariables.take(step, {id(value) for value in objects.objects()}))
         return cls(store, parts, _RngState())
 
-    def restore(self) -> None:
+    @property
+    def changed_variables(self) -> list[str]:
+        """The step's notebook variables a restore found changed and put back (`global_step`, `losses`)."""
+        return [name for part in self._parts if isinstance(part, StepVariables) for name in part.changed]
+
+    def restore(self, variables: bool = True) -> None:
+        """`variables=False` leaves the step's notebook variables as the calls so far made them: %batchprobe's
+        trials, whose leftover check names what the step keeps (`losses.append(loss)`), put them back once, at
+        the end."""
         import torch
 
         with torch.no_grad():
             # Bytes first: putting a gradient back on a parameter needs the parameter's own shape and dtype.
             self._store.restore()
             for part in self._parts:
-                part.restore()
+                if variables or not isinstance(part, StepVariables):
+                    part.restore()
         self._rng.restore()
 
     def host_tensors(self) -> Iterator[torch.Tensor]:

@@ -101,7 +101,7 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
                               "define them as notebook variables (model = ..., opt = ...) so they can be put back "
                               "after each trial.")
     setting = StepSetting(torch, objects, objects.device() or torch.device("cpu"))
-    snapshot = StateSnapshot.take(protected if protected.objects() else objects)
+    snapshot = StateSnapshot.take(protected if protected.objects() else objects, step)
     flags = GlobalFlags.take(torch)
     user_compiled = _user_compiled_code()
     probe = _Probe(step, name, setting, request, snapshot, flags, progress)
@@ -118,7 +118,8 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         (progress or _silent)("")
         gc.collect()
     probe.notes += [restarted_note(name) for name in restarted]
-    return probe.result(interrupted, (protected if protected.objects() else objects).names(), user_compiled)
+    return probe.result(interrupted, [*(protected if protected.objects() else objects).names(),
+                                      *snapshot.changed_variables], user_compiled)
 
 
 def _check_step(torch: Any, step: Any, name: str) -> None:

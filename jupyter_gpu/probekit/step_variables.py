@@ -1,0 +1,155 @@
+"""The notebook's own variables a step changes as it runs: a step counter (`global_step += 1`), a running loss, a
+history list (`losses.append(loss.item())`). A probe calls the step tens to hundreds of times, so without this a
+user's counter would end far ahead and their history full of the probe's entries; on a loop lifted by %%gpuprofile
+with `if global_step >= max_steps: break` in its body, the step even stopped returning its loss part-way through a
+probe once the probe's calls had pushed the counter past the end.
+
+Probe layer. What counts as the step's variables: the globals its code names (`co_names`: read, rebound with
+`global`, or mutated through a method), in the step function and in the notebook functions it calls, two levels
+down (a ready step calls the lifted loop body). Training objects are left to `StateSnapshot`'s other parts, and
+functions, classes and modules are not variables. Kept: the binding of each (so a rebinding is undone, and a name
+the step created is removed again); the contents of a list, dict, set, deque or bytearray (put back in place, so
+every other reference sees them too); a copy of a small tensor that requires no gradient (put back in place).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import types
+from collections.abc import Iterator
+from typing import Any
+
+MAX_DEPTH = 2              # the step, the functions it calls, and theirs
+MAX_TENSOR_ELEMENTS = 1 << 20  # a counter or a running sum, not a dataset: larger tensors are the user's data
+_ABSENT = object()
+_CONTAINERS = (list, dict, set, collections.deque, bytearray)
+
+
+def _functions(step: Any) -> Iterator[types.FunctionType]:
+    """The Python functions behind `step`: a partial's, a bound method's, a decorated function's own body."""
+    func = step
+    while isinstance(func, functools.partial):
+        func = func.func
+    if inspect.ismethod(func):
+        func = func.__func__
+    if inspect.isfunction(func):
+        yield func
+        unwrapped = inspect.unwrap(func)
+        if unwrapped is not func and inspect.isfunction(unwrapped):
+            yield unwrapped
+
+
+def _names(code: types.CodeType) -> Iterator[str]:
+    """The global names a code object and those nested in it (comprehensions, lambdas) use."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _names(const)
+
+
+def step_globals(step: Any) -> list[tuple[dict[str, Any], str]]:
+    """(namespace, name) of every global the step's code and its notebook functions name, each once."""
+    found: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
+    seen: set[int] = set()
+    pending = [(func, 0) for func in _functions(step)]
+    while pending:
+        func, depth = pending.pop()
+        if id(func) in seen:
+            continue
+        seen.add(id(func))
+        namespace = func.__globals__
+        for name in _names(func.__code__):
+            value = namespace.get(name, _ABSENT)
+            if inspect.isfunction(value) and value.__globals__ is namespace:
+                if depth < MAX_DEPTH:
+                    pending.append((value, depth + 1))
+                continue
+            found.setdefault((id(namespace), name), (namespace, name))
+    return list(found.values())
+
+
+class StepVariables:
+    """A snapshot of the step's notebook variables; `restore()` puts them back, any number of times."""
+
+    def __init__(self, entries: list[tuple[dict[str, Any], str, Any, Any]]) -> None:
+        self._entries = entries  # (namespace, name, the object bound, a copy of its contents or None)
+        self.changed: list[str] = []  # names a restore found changed, in the order first seen
+
+    @classmethod
+    def take(cls, step: Any, skip: set[int]) -> StepVariables:
+        """`skip`: ids of objects another part of the snapshot keeps (the training objects)."""
+        entries = []
+        for namespace, name in step_globals(step):
+            value = namespace.get(name, _ABSENT)
+            if value is not _ABSENT and (id(value) in skip or _not_a_variable(value)):
+                continue
+            entries.append((namespace, name, value, _contents(value)))
+        return cls(entries)
+
+    def restore(self) -> None:
+        for namespace, name, value, contents in self._entries:
+            now = namespace.get(name, _ABSENT)
+            changed = now is not value
+            if value is _ABSENT:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+                if contents is not None:
+                    changed = _put_back(value, contents) or changed
+            if changed and name not in self.changed:
+                self.changed.append(name)
+
+
+def _not_a_variable(value: Any) -> bool:
+    """Functions, classes, modules and the like: nothing a step changes as it runs."""
+    return (inspect.isroutine(value) or inspect.isclass(value) or inspect.ismodule(value)
+            or isinstance(value, functools.partial))
+
+
+def _contents(value: Any) -> Any:
+    if isinstance(value, _CONTAINERS):
+        return dict(value) if isinstance(value, dict) else list(value)
+    torch = _loaded_torch()
+    if (torch is not None and isinstance(value, torch.Tensor) and not value.requires_grad
+            and not isinstance(value, torch.nn.Parameter) and value.numel() <= MAX_TENSOR_ELEMENTS):
+        return value.detach().to("cpu", copy=True)  # host memory: a probe's device budget is the step's
+    return None
+
+
+def _put_back(value: Any, contents: Any) -> bool:
+    """Puts the contents back in place; whether they had changed."""
+    if isinstance(value, dict):
+        if list(value) == list(contents) and all(value[key] is item for key, item in contents.items()):
+            return False
+        value.clear()
+        value.update(contents)
+        return True
+    if isinstance(value, _CONTAINERS):
+        now = list(value)
+        if len(now) == len(contents) and all(a is b for a, b in zip(now, contents, strict=True)):
+            return False
+        if isinstance(value, set):
+            value.clear()
+            value.update(contents)
+        elif isinstance(value, collections.deque):
+            value.clear()
+            value.extend(contents)
+        else:
+            value[:] = contents
+        return True
+    torch = _loaded_torch()
+    if value.shape != contents.shape:
+        return True  # resized in place: it cannot be written back, but its binding is
+    with torch.no_grad():
+        same = bool(torch.equal(value.detach().cpu(), contents))
+        if not same:
+            value.copy_(contents)
+    return not same
+
+
+def _loaded_torch() -> Any | None:
+    from jupyter_gpu.kernel_torch import loaded_torch
+
+    return loaded_torch()

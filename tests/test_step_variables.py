@@ -1,0 +1,106 @@
+"""The notebook variables a step changes as it runs are put back after a probe: a step counter, a running loss, a
+history list. Found on a loop `%%gpuprofile` lifted with `global_step += 1` and `if global_step >= max_steps: break`
+in its body: `%speedprobe profile_train_step` left the user's `global_step` at 38 instead of 14, and after enough
+probe calls the step would have stopped returning its loss. Real torch on the CPU, steps defined in a namespace
+dict as a notebook defines them."""
+
+from __future__ import annotations
+
+import textwrap
+
+import torch
+
+from jupyter_gpu.probekit.step_variables import StepVariables, step_globals
+
+NOTEBOOK = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Linear(8, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,))), batch_size=32)
+global_step = 14
+max_steps = 20
+losses = [0.5]
+stats = {"seen": 448}
+running = torch.zeros(())
+
+def train_body(batch):
+    global global_step
+    x, y = batch
+    optimizer.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    global_step += 1
+    losses.append(loss.item())
+    stats["seen"] += len(y)
+    running.add_(loss.detach())
+    if global_step >= max_steps:
+        return
+    return loss
+
+batch = next(iter(loader))
+
+def train_step():
+    return train_body(batch)
+
+def sized_step(batch_size):
+    x, y = batch
+    return train_body((x[:1].repeat(batch_size, 1), y[:1].repeat(batch_size)))
+"""
+
+
+def notebook() -> dict:
+    namespace: dict = {}
+    exec(textwrap.dedent(NOTEBOOK), namespace)
+    return namespace
+
+
+def state(ns: dict) -> tuple:
+    return ns["global_step"], list(ns["losses"]), dict(ns["stats"]), float(ns["running"])
+
+
+def test_the_step_reaches_the_variables_of_the_functions_it_calls() -> None:
+    ns = notebook()
+    names = {name for _, name in step_globals(ns["train_step"])}
+    assert {"global_step", "max_steps", "losses", "stats", "running", "batch", "optimizer", "model"} <= names
+    assert "train_body" not in names  # a notebook function is followed, not kept
+
+
+def test_a_restore_puts_counters_lists_dicts_and_small_tensors_back_in_place() -> None:
+    ns = notebook()
+    losses, stats, running = ns["losses"], ns["stats"], ns["running"]
+    before = state(ns)
+    snapshot = StepVariables.take(ns["train_step"], skip={id(ns["model"]), id(ns["optimizer"])})
+    for _ in range(10):
+        ns["train_step"]()
+    ns["made_by_the_step"] = 1  # a name the snapshot did not have is not touched unless the step names it
+    assert state(ns) != before
+    snapshot.restore()
+    assert state(ns) == before
+    assert ns["losses"] is losses and ns["stats"] is stats and ns["running"] is running  # in place
+    assert snapshot.changed == ["global_step", "losses", "stats", "running"]
+    snapshot.restore()  # again: nothing more to put back, the same names reported
+    assert state(ns) == before and snapshot.changed == ["global_step", "losses", "stats", "running"]
+
+
+def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were() -> None:
+    from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
+    from jupyter_gpu.dataprobe.runner import probe_loader
+    from jupyter_gpu.speedprobe.runner import probe_speed
+
+    ns = notebook()
+    before = state(ns)
+    speed = probe_speed(ns["train_step"], options=("fused-optimizer",), steps=3, namespace=ns)
+    assert state(ns) == before
+    assert {"global_step", "losses", "stats", "running"} <= set(speed.restored)
+    # Every call of the step returned its loss: the counter never reached max_steps inside the probe.
+    assert not any("returns no loss" in note for note in speed.notes)
+    sized = probe_batch_size(ns["sized_step"], ProbeRequest(max_memory=64 << 20, max_seconds=30), namespace=ns)
+    assert state(ns) == before and "global_step" in sized.restored
+    data = probe_loader(ns["loader"], ns["train_body"], workers=[0], seconds=3, namespace=ns)
+    assert state(ns) == before and "global_step" in data.restored
+    assert torch.equal(ns["running"], torch.zeros(()))
