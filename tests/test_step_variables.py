@@ -38,6 +38,8 @@ def train_body(batch):
     losses.append(loss.item())
     stats["seen"] += len(y)
     running.add_(loss.detach())
+    if global_step % 5 == 0:
+        print(f"[{global_step}] loss: {loss.item():.3f}")  # a tutorial's logging, kept in the lifted body
     if global_step >= max_steps:
         return
     return loss
@@ -87,7 +89,7 @@ def test_a_restore_puts_counters_lists_dicts_and_small_tensors_back_in_place() -
     assert state(ns) == before and snapshot.changed == ["global_step", "losses", "stats", "running"]
 
 
-def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were() -> None:
+def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were(capsys) -> None:
     from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
     from jupyter_gpu.dataprobe.runner import probe_loader
     from jupyter_gpu.speedprobe.runner import probe_speed
@@ -104,3 +106,9 @@ def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_th
     data = probe_loader(ns["loader"], ns["train_body"], workers=[0], seconds=3, namespace=ns)
     assert state(ns) == before and "global_step" in data.restored
     assert torch.equal(ns["running"], torch.zeros(()))
+    # The body's print ran on the probes' calls: kept out of the output, counted in each report.
+    assert "loss:" not in capsys.readouterr().out
+    for result in (speed, sized, data):
+        [printed] = [note for note in result.notes if "printed" in note]
+        assert "while the probe called it, not shown here (the first: '[" in printed, printed
+        assert "they come from the probe's calls, not from training" in printed

@@ -35,6 +35,7 @@ from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.release import release_last_error
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_census import StepCensus
+from jupyter_gpu.probekit.step_output import StepOutput
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -144,6 +145,9 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     finally:
         budget.close()
     notes += [restarted_note(name) for name in restarted]
+    printed = runner.output.note(getattr(step, "__name__", "the step"))
+    if printed is not None:
+        notes.append(printed)
     return _result(runner, request, budget, [*objects.names(), *changed, "RNG"], notes, memory_before, memory_after,
                    snapshot_bytes, time.perf_counter() - started, baseline)
 
@@ -190,6 +194,7 @@ class _Runner:
                  objects: TrainingObjects) -> None:
         self.torch = torch
         self.step = step
+        self.output = StepOutput()  # what the step printed in its trials, kept out of the notebook
         self.request = request
         self.budget = budget
         self.snapshot = snapshot
@@ -297,7 +302,7 @@ class _Runner:
         failure = None
         census = StepCensus(self.torch, self.objects.modules, self.objects.parameters())
         try:
-            with self.budget.trial(), self._autocast(), census:
+            with self.budget.trial(), self._autocast(), census, self.output.hidden():
                 for _ in range(self.request.steps):
                     self.budget.synchronize()
                     step_started = time.perf_counter()

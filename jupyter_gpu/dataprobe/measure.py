@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.dataprobe import repeats
@@ -32,6 +32,7 @@ from jupyter_gpu.dataprobe.loaders import (
 from jupyter_gpu.dataprobe.result import LOOP, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.probekit.clock import DeviceClock, record_event, step_device_index
+from jupyter_gpu.probekit.step_output import StepOutput
 
 MIN_BATCHES = 2  # a rate needs two batches; one may carry the epoch's start
 MIN_STEPS = 3
@@ -106,10 +107,12 @@ class StepTarget:
     step: Callable[[Any], Any]
     device: Any  # torch.device
     cuda: bool
+    output: StepOutput = field(default_factory=StepOutput)  # what the step printed, kept out of the notebook
 
     def run(self, batch: Any) -> None:
         try:
-            self.step(batch)  # the returned loss is dropped at once: it would keep the autograd graph alive
+            with self.output.hidden():
+                self.step(batch)  # the returned loss is dropped at once: it would keep the autograd graph alive
         except KeyboardInterrupt:
             raise
         except Exception as exc:

@@ -138,6 +138,9 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         (progress or _silent)("")
         gc.collect()  # the fresh loaders and their batches go now, not at some later collection
     probe.notes += [restarted_note(name) for name in restarted]
+    printed = target.output.note(step_name or "the step") if target is not None else None
+    if printed is not None:
+        probe.notes.append(printed)
     memory_after = _cuda_allocated(torch)
     if memory_before is not None and memory_after is not None and memory_after > memory_before:
         probe.notes.append(f"CUDA memory in use is {format_bytes(memory_after - memory_before)} above where it was "

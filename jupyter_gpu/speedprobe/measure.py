@@ -22,6 +22,7 @@ from jupyter_gpu.kernel_torch import handler_mode
 from jupyter_gpu.probekit.batch_structure import leaves
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.probekit.step_census import StepCensus
+from jupyter_gpu.probekit.step_output import StepOutput
 from jupyter_gpu.speedprobe import variants
 from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
 from jupyter_gpu.speedprobe.variants import StepSetting
@@ -103,6 +104,7 @@ class StepRunner:
     params: list[Any]
     weights_before: list[Any]
     progress: Progress | None = None
+    output: StepOutput = field(default_factory=StepOutput)  # what the step printed, kept out of the notebook
 
     @classmethod
     def for_step(cls, step: Callable[[], Any], setting: StepSetting, params: list[Any],
@@ -166,6 +168,7 @@ class StepRunner:
 
         torch = self.setting.torch
         with ExitStack() as watching:
+            watching.enter_context(self.output.hidden())
             if inspect_step:
                 census = watching.enter_context(StepCensus(torch, self.setting.objects.modules, self.params))
             outputs = watching.enter_context(OutputCapture(torch, self.setting.objects.models())) \

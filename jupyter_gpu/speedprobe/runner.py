@@ -396,6 +396,9 @@ class _Probe:
                          "its next call")
         if len(baseline.times) < MIN_TIMED_STEPS and not interrupted:
             notes.append(f"only {len(baseline.times)} timed steps")
+        printed = self.runner.output.note(self.step_name)
+        if printed is not None:
+            notes.append(printed)
         return SpeedProbeResult(
             step_name=self.step_name, device=str(self.setting.device),
             batch_size=run.batch_size if run is not None else None,
@@ -423,7 +426,8 @@ class _Probe:
             return
         self.ticker.resume(f"speedprobe {self.step_name}: tracing one step's kernels")
         try:
-            self.timeline, _ = trace_kernels(self.setting.torch, self.runner.step)
+            with self.runner.output.hidden():
+                self.timeline, _ = trace_kernels(self.setting.torch, self.runner.step)
         except Exception as exc:  # CUPTI missing, a profiler already running: judged without it
             self.notes.append(f"the step's kernels could not be traced ({type(exc).__name__}: {first_line(exc)}); "
                               "launch-bound is judged from the time per operator")

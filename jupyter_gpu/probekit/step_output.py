@@ -1,0 +1,65 @@
+"""What the user's step prints while a probe calls it, kept out of the notebook and counted for the report.
+
+A loop body lifted by %%gpuprofile keeps its logging (`if i % 10 == 9: print(f"[{epoch}, {i}] loss: ...")`), and a
+probe calls the step tens to hundreds of times: %speedprobe on a tutorial ResNet printed ten such loss lines above
+its report, numbers of no training the user ran. While the step runs, `sys.stdout` and `sys.stderr` go to a sink
+that counts the lines and keeps the first; the report says how many were hidden. What the probe itself shows goes
+through IPython's display, not these streams.
+
+Probe layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+
+MAX_SHOWN = 120  # characters of the first line the note quotes
+
+
+class _Sink(io.TextIOBase):
+    def __init__(self, output: StepOutput) -> None:
+        self._output = output
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._output.take(text)
+        return len(text)
+
+
+class StepOutput:
+    """Counts what the step printed under `hidden()`, over every call."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.first: str | None = None
+        self._partial = ""
+
+    @contextlib.contextmanager
+    def hidden(self) -> Iterator[None]:
+        sink = _Sink(self)
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+
+    def take(self, text: str) -> None:
+        # A progress bar redraws its line with "\r": each redraw is a line the notebook would have shown.
+        parts = (self._partial + text).replace("\r", "\n").split("\n")
+        self._partial = parts.pop()
+        for line in parts:
+            if line.strip():
+                self.lines += 1
+                if self.first is None:
+                    self.first = line.strip()[:MAX_SHOWN]
+
+    def note(self, step_name: str) -> str | None:
+        """One sentence for the report; None when the step printed nothing."""
+        if self._partial.strip():
+            self.take("\n")
+        if not self.lines:
+            return None
+        plural = "line" if self.lines == 1 else "lines"
+        return (f"`{step_name}` printed {self.lines:,} {plural} while the probe called it, not shown here (the "
+                f"first: {self.first!r}); they come from the probe's calls, not from training")
