@@ -112,3 +112,25 @@ def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_th
         [printed] = [note for note in result.notes if "printed" in note]
         assert "while the probe called it, not shown here (the first: '[" in printed, printed
         assert "they come from the probe's calls, not from training" in printed
+
+
+def test_a_progress_bar_the_loop_updates_neither_moves_nor_redraws_while_a_probe_calls_the_step() -> None:
+    # The Hugging Face course's loop: progress_bar = tqdm(range(num_training_steps)); progress_bar.update(1) in
+    # the body. A bar draws to the stream it was made with, so only pausing it keeps the probe's calls off it.
+    import io
+
+    from tqdm import tqdm
+
+    from jupyter_gpu.speedprobe.runner import probe_speed
+
+    ns = notebook()
+    screen = io.StringIO()
+    ns["progress_bar"] = tqdm(total=100, file=screen, mininterval=0, miniters=1)
+    exec("def bar_step():\n    loss = train_step()\n    progress_bar.update(1)\n    return loss\n", ns)
+    ns["progress_bar"].update(3)
+    drawn = screen.getvalue()
+    probe_speed(ns["bar_step"], options=("fused-optimizer",), steps=3, namespace=ns)
+    assert ns["progress_bar"].n == 3 and screen.getvalue() == drawn
+    assert not ns["progress_bar"].disable  # the user's bar works again after the probe
+    ns["progress_bar"].update(1)
+    assert ns["progress_bar"].n == 4 and screen.getvalue() != drawn

@@ -3,8 +3,8 @@
 A loop body lifted by %%gpuprofile keeps its logging (`if i % 10 == 9: print(f"[{epoch}, {i}] loss: ...")`), and a
 probe calls the step tens to hundreds of times: %speedprobe on a tutorial ResNet printed ten such loss lines above
 its report, numbers of no training the user ran. While the step runs, `sys.stdout` and `sys.stderr` go to a sink
-that counts the lines and keeps the first; the report says how many were hidden. What the probe itself shows goes
-through IPython's display, not these streams.
+that counts the lines and keeps the first, and the notebook's tqdm bars are paused; the report says how many lines
+were hidden. What the probe itself shows goes through IPython's display, not these streams.
 
 Probe layer.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from collections.abc import Iterator
 
 MAX_SHOWN = 120  # characters of the first line the note quotes
@@ -30,6 +31,23 @@ class _Sink(io.TextIOBase):
         return len(text)
 
 
+@contextlib.contextmanager
+def _bars_paused() -> Iterator[None]:
+    """The notebook's tqdm bars, disabled while the step runs. A bar draws to the stream it was made with, so the
+    redirect does not reach it, and an HF-style loop body's `progress_bar.update(1)` would move and redraw the
+    user's bar (in the cell output above) on every probe call; a disabled bar's `update` and `refresh` return at
+    once, its count untouched."""
+    module = sys.modules.get("tqdm.std")
+    bars = [bar for bar in list(module.tqdm._instances) if not bar.disable] if module is not None else []
+    for bar in bars:
+        bar.disable = True
+    try:
+        yield
+    finally:
+        for bar in bars:
+            bar.disable = False
+
+
 class StepOutput:
     """Counts what the step printed under `hidden()`, over every call."""
 
@@ -41,7 +59,7 @@ class StepOutput:
     @contextlib.contextmanager
     def hidden(self) -> Iterator[None]:
         sink = _Sink(self)
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), _bars_paused():
             yield
 
     def take(self, text: str) -> None:
