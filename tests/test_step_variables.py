@@ -134,3 +134,20 @@ def test_a_progress_bar_the_loop_updates_neither_moves_nor_redraws_while_a_probe
     assert not ns["progress_bar"].disable  # the user's bar works again after the probe
     ns["progress_bar"].update(1)
     assert ns["progress_bar"].n == 4 and screen.getvalue() != drawn
+
+
+def test_what_another_thread_writes_meanwhile_is_not_the_steps_and_goes_on_out(capsys) -> None:
+    # A terminal shell prints the probe's own progress line from its ticking thread while the step runs: counted
+    # as the step's, %speedprobe said "printed 3 lines (the first: 'speedprobe profile_train_step: amp-bf16 …')".
+    import threading
+
+    from jupyter_gpu.probekit.step_output import StepOutput
+
+    output = StepOutput()
+    with output.hidden():
+        print("the step's own line")
+        ticker = threading.Thread(target=print, args=("speedprobe: step 3/7, 1.2 s elapsed",))
+        ticker.start()
+        ticker.join()
+    assert output.lines == 1 and output.first == "the step's own line"
+    assert capsys.readouterr().out == "speedprobe: step 3/7, 1.2 s elapsed\n"

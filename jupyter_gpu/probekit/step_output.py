@@ -14,21 +14,34 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import threading
 from collections.abc import Iterator
+from typing import TextIO
 
 MAX_SHOWN = 120  # characters of the first line the note quotes
 
 
 class _Sink(io.TextIOBase):
-    def __init__(self, output: StepOutput) -> None:
+    """Takes what the step's thread writes; another thread's writes (the probe's own progress line, which a
+    terminal shell prints, ticking while the step runs) go on to the stream it replaced."""
+
+    def __init__(self, output: StepOutput, replaced: TextIO) -> None:
         self._output = output
+        self._replaced = replaced
+        self._thread = threading.get_ident()
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
+        if threading.get_ident() != self._thread:
+            return self._replaced.write(text)
         self._output.take(text)
         return len(text)
+
+    def flush(self) -> None:
+        if threading.get_ident() != self._thread:
+            self._replaced.flush()
 
 
 @contextlib.contextmanager
@@ -58,8 +71,8 @@ class StepOutput:
 
     @contextlib.contextmanager
     def hidden(self) -> Iterator[None]:
-        sink = _Sink(self)
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), _bars_paused():
+        with contextlib.redirect_stdout(_Sink(self, sys.stdout)), contextlib.redirect_stderr(_Sink(self, sys.stderr)), \
+                _bars_paused():
             yield
 
     def take(self, text: str) -> None:
