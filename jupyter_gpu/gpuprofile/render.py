@@ -224,7 +224,8 @@ def render_text(result: ProfileResult) -> str:
         share = "" if result.memory_bound_share is None else \
             f"; {result.memory_bound_share:.0%} of operator time is memory-bound ({why})"
         lines += ["", f"{_operators_title(result)}{share}:"]
-        lines += table_text(_operator_rows(result), _operator_rows(result)[0][1:6])
+        rows = _operator_rows(result)
+        lines += table_text(rows, rows[0][1:6])
     if result.applied is not None:
         lines += ["", "--apply: the loop again with the fixes that need no edit of your code:"]
         lines += _applied_text(result.applied)

@@ -17,13 +17,7 @@ from typing import Any
 
 from jupyter_gpu.cell_usage import average_utilization, kernel_devices, pid_listed
 from jupyter_gpu.facts.activity import reading, running_samples
-from jupyter_gpu.kernel_torch import (
-    allocator_counters,
-    context_devices,
-    cuda_initialized,
-    loaded_torch,
-    torch_uuid,
-)
+from jupyter_gpu.kernel_torch import context_devices, cuda_initialized, loaded_torch, torch_uuid
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, record_event
 
 
@@ -61,7 +55,8 @@ def close_cell(opened: OpenCell) -> dict[str, Any]:
             "peak_allocated": sum(device.peak_allocated for device in memory),
             "allocated_after": sum(device.allocated_after for device in memory),
             "left_behind": sum(device.allocated_after - device.allocated_before for device in memory),
-            "reserved_after": sum(allocator_counters(torch, index).reserved for index in devices),
+            # Every device with memory reserved is one of `devices`, so the watch's sum over all of them is theirs.
+            "reserved_after": opened.memory.reserved_after,
             "uuids": [uuid for index in devices if (uuid := torch_uuid(torch, index))]}
 
 

@@ -93,6 +93,7 @@ class CudaMemoryWatch:
     def __init__(self, torch: Any | None) -> None:
         self._torch = torch
         self._before: dict[int, int] = {}
+        self.reserved_after = 0  # bytes reserved on every device when `finish()` read them (untouched ones too)
         if cuda_initialized(torch):
             for index in range(torch.cuda.device_count()):
                 self._before[index] = allocator_counters(torch, index).allocated
@@ -104,8 +105,10 @@ class CudaMemoryWatch:
         if not cuda_initialized(torch):
             return []
         found = []
+        self.reserved_after = 0
         for index in range(torch.cuda.device_count()):
             counters = allocator_counters(torch, index)
+            self.reserved_after += counters.reserved
             before = self._before.get(index, 0)
             if counters.peak_allocated == 0 and before == 0 and counters.allocated == 0:
                 continue  # a device the cell never touched

@@ -140,9 +140,9 @@ def operator_device_seconds(profiler: Any, steps: int) -> dict[str, float]:
     return found
 
 
-def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> tuple[GpuTimeline | None, dict[str, float]]:
-    """`run()` called `steps` times under torch.profiler (CPU and CUDA activity): its kernel timeline and each
-    operator's kernel time per call. CUDA must be initialised already; the caller puts back what `run` changed."""
+def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> GpuTimeline | None:
+    """`run()` called `steps` times under torch.profiler (CPU and CUDA activity): its kernel timeline. CUDA must be
+    initialised already; the caller puts back what `run` changed."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
@@ -150,4 +150,4 @@ def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> tuple[G
             run()
         torch.cuda.synchronize()
     events, window = gpu_events(torch, traced)
-    return analyse(events, steps, window), operator_device_seconds(traced, steps)
+    return analyse(events, steps, window)

@@ -427,7 +427,7 @@ class _Probe:
         self.ticker.resume(f"speedprobe {self.step_name}: tracing one step's kernels")
         try:
             with self.runner.output.hidden():
-                self.timeline, _ = trace_kernels(self.setting.torch, self.runner.step)
+                self.timeline = trace_kernels(self.setting.torch, self.runner.step)
         except Exception as exc:  # CUPTI missing, a profiler already running: judged without it
             self.notes.append(f"the step's kernels could not be traced ({type(exc).__name__}: {first_line(exc)}); "
                               "launch-bound is judged from the time per operator")
