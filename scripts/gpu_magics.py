@@ -125,6 +125,10 @@ class Session:
         self.save()
         return value
 
+    def exit_code(self) -> int:
+        """0 when every magic run so far was ok, else 1."""
+        return 0 if all(magic["status"] == "ok" for magic in self.report["magics"]) else 1
+
 
 def panel_headline(panel: Any) -> tuple[str, list[str]]:
     if panel is None:
@@ -182,17 +186,21 @@ def run(out: Path, limit: int) -> int:
     session.magic("%gpupanel", "panel = %gpupanel -o --interval 0.5\nimport time; time.sleep(2)\npanel",
                   describe=panel_headline)
     shell.run_line_magic("gpupanel", "--close")
-    statuses = [magic["status"] for magic in session.report["magics"]]
-    return 0 if all(status == "ok" for status in statuses) else 1
+    return session.exit_code()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def command_line(argv: list[str] | None, description: str, run: Any) -> int:
+    """`--out FILE --timeout S` parsed, then `run(out, timeout)`: this script's and scripts/gpu_trials.py's."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True, help="the JSON record to write")
     parser.add_argument("--timeout", type=int, default=90, help="seconds each magic may take (default 90)")
     options = parser.parse_args(argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
     return run(options.out, options.timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command_line(argv, __doc__.splitlines()[0], run)
 
 
 if __name__ == "__main__":

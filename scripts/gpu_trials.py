@@ -16,8 +16,6 @@ keeps its first lines. Without a GPU the loops run on the CPU, smaller, to rehea
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "bench"))  # the benches' models: ResNet, EncoderClassifier, MLP
 sys.path.insert(0, str(HERE))
 
-from gpu_magics import Session  # noqa: E402  (after the path above)
+from gpu_magics import Session, command_line  # noqa: E402  (after the path above)
 
 SETUP = """
 import torch
@@ -176,17 +174,11 @@ def run(out: Path, limit: int) -> int:
                   describe=whole_text)
     session.magic("transformer %%gpuprofile", TRANSFORMER_LOOP, describe=whole_text)
     session.magic("mlp %gpuprofile", "%gpuprofile -o -q --steps 20 --warmup 5 train_one_epoch()", describe=whole_text)
-    statuses = [magic["status"] for magic in session.report["magics"]]
-    return 0 if all(status == "ok" for status in statuses) else 1
+    return session.exit_code()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="the JSON record to write")
-    parser.add_argument("--timeout", type=int, default=90, help="seconds each magic may take (default 90)")
-    options = parser.parse_args(argv)
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    return run(options.out, options.timeout)
+    return command_line(argv, __doc__.splitlines()[0], run)
 
 
 if __name__ == "__main__":
