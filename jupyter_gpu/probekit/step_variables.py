@@ -21,6 +21,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from jupyter_gpu.kernel_torch import loaded_torch
+
 MAX_DEPTH = 2              # the step, the functions it calls, and theirs
 MAX_TENSOR_ELEMENTS = 1 << 20  # a counter or a running sum, not a dataset: larger tensors are the user's data
 _ABSENT = object()
@@ -111,7 +113,7 @@ def _not_a_variable(value: Any) -> bool:
 def _contents(value: Any) -> Any:
     if isinstance(value, _CONTAINERS):
         return dict(value) if isinstance(value, dict) else list(value)
-    torch = _loaded_torch()
+    torch = loaded_torch()
     if (torch is not None and isinstance(value, torch.Tensor) and not value.requires_grad
             and not isinstance(value, torch.nn.Parameter) and value.numel() <= MAX_TENSOR_ELEMENTS):
         return value.detach().to("cpu", copy=True)  # host memory: a probe's device budget is the step's
@@ -139,7 +141,7 @@ def _put_back(value: Any, contents: Any) -> bool:
         else:
             value[:] = contents
         return True
-    torch = _loaded_torch()
+    torch = loaded_torch()
     if value.shape != contents.shape:
         return True  # resized in place: it cannot be written back, but its binding is
     with torch.no_grad():
@@ -147,9 +149,3 @@ def _put_back(value: Any, contents: Any) -> bool:
         if not same:
             value.copy_(contents)
     return not same
-
-
-def _loaded_torch() -> Any | None:
-    from jupyter_gpu.kernel_torch import loaded_torch
-
-    return loaded_torch()
