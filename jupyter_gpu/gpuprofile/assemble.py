@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import platform
 import statistics
-import time
 from typing import Any
 
 from jupyter_gpu.gpuprofile import lift, plan
-from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan, loaders_seen
+from jupyter_gpu.gpuprofile.instrument import Instruments, loaders_seen, measure_hook_costs
 from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
 from jupyter_gpu.gpuprofile.request import ProfileRequest
 from jupyter_gpu.gpuprofile.result import (
@@ -150,7 +149,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         if ceiling is not None and ceiling.datasheet_flops is None:
             not_measured.append(f"MFU: {_device_name(torch, device)} has no {compute} peak in the table "
                                 "(peak unknown); the measured ceiling applies.")
-    overhead = _overhead(torch, profiled)
+    overhead = _overhead(torch, profiled, instruments.narrowed)
     # The loop that trains, not an evaluation loop beside it: its sites, its loader first, a batch it trained on.
     trained = instruments.trained_sites
     sites = {site: count for site, count in instruments.loop_sites.items() if site in trained} if trained \
@@ -263,29 +262,12 @@ def _operators(totals: Any, ceiling: Ceiling | None,
     return found[:TOP_OPERATORS], (memory / total if total and ridge is not None else None)
 
 
-def _overhead(torch: Any, profiled: list[Any]) -> float | None:
-    """The hooks' own cost per step: what one hooked module call and one timeline event cost here, measured now,
-    times how many of each a profiled step made."""
+def _overhead(torch: Any, profiled: list[Any], narrowed: bool) -> float | None:
+    """The hooks' own cost per step: what they add to a module call inside a model and to a bucket a hook opens
+    and closes, measured now, times how many of each a profiled step made."""
     if not profiled:
         return None
-    module = torch.nn.Identity()
-    tensor = torch.zeros(1)
-    calls = 500
-
-    def timed() -> float:
-        began = time.perf_counter()
-        for _ in range(calls):
-            module(tensor)
-        return time.perf_counter() - began
-
-    bare = min(timed() for _ in range(3))
-    scratch = Instruments(torch, ProfilePlan(warmup=10 ** 9, steps=None, seconds=None, census=False))
-    scratch.install()
-    try:
-        hooked = min(timed() for _ in range(3))
-    finally:
-        scratch.uninstall()
-    per_call = max(hooked - bare, 0.0) / calls
+    costs = measure_hook_costs(torch, narrowed)
     module_calls = statistics.median(r.module_calls for r in profiled)
-    events = statistics.median(r.events for r in profiled)
-    return module_calls * per_call + max(events - module_calls, 0) * per_call / 2
+    buckets = statistics.median(r.events for r in profiled)
+    return module_calls * costs.module_call + buckets * costs.bucket

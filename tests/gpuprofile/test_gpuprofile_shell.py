@@ -813,3 +813,60 @@ def test_a_loader_the_function_makes_itself_gets_a_name_for_dataprobe_and_apply_
     assert any(what == "DataLoader settings" and "makes its DataLoader itself" in why
                for what, why in result.applied.left_out), result.applied.left_out
     assert not any(title.startswith("profile_loader") for title in result.applied.applied)
+
+
+def test_after_the_warm_up_only_the_outermost_modules_are_watched_and_a_deep_copy_of_the_model_carries_nothing(
+        ip) -> None:
+    # A global module hook puts every module call of every model on torch's slower call path; after the warm-up the
+    # profile watches only the classes of the modules the loop called outermost. A loop that keeps its best model
+    # with copy.deepcopy must get a copy with nothing of the profile in it, one that pickles.
+    import pickle
+
+    from torch.nn.modules import module as module_hooks
+
+    from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan
+
+    ip.run_cell(MLP + "import copy\nbest = None\n").raise_error()
+    loop = ("for x, y in loader:\n    opt.zero_grad()\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+            "    opt.step()\n    best = copy.deepcopy(model)\n")
+    instruments = Instruments(torch, ProfilePlan(warmup=2, steps=None, seconds=1e9, census=False))
+    instruments.install()
+    try:
+        ip.run_cell(loop.replace("for x, y in loader:", "for i, (x, y) in enumerate(loader):")
+                    + "    if i == 4:\n        break\n").raise_error()
+    finally:
+        instruments.uninstall()
+    calls = [record.module_calls for record in instruments.records]
+    # Warm-up: the Sequential, its three layers and the loss; then the Sequential and the loss only.
+    assert calls[:2] == [5, 5] and set(calls[2:]) == {2} and len(calls) == 5, calls
+    assert instruments.narrowed
+    assert all(record.buckets.get("forward", 0) > 0 for record in instruments.records)
+
+    result = ip.run_cell("%%gpuprofile -o -q --steps 4 --warmup 2\n" + loop).result
+    assert result.steps == 4 and result.bucket("forward").seconds > 0
+    best = ip.user_ns["best"]
+    assert not best._forward_hooks and not best._forward_pre_hooks
+    assert pickle.loads(pickle.dumps(best))[0].weight.shape == (64, 32)
+    assert torch.nn.Sequential.__call__ is torch.nn.Module.__call__
+    assert torch.nn.CrossEntropyLoss.__call__ is torch.nn.Module.__call__
+    assert not module_hooks._global_forward_hooks and not module_hooks._global_forward_pre_hooks
+
+
+def test_with_compiled_code_in_the_process_the_module_hooks_stay_global(ip) -> None:
+    # Changing a class's __call__ under a compiled graph that inlined it could recompile it inside the profiled steps.
+    from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan
+
+    ip.run_cell(MLP + "compiled_fn = torch.compile(lambda t: t * 2, backend='eager')\ncompiled_fn(torch.ones(2))\n"
+                ).raise_error()
+    try:
+        instruments = Instruments(torch, ProfilePlan(warmup=1, steps=None, seconds=1e9, census=False))
+        instruments.install()
+        try:
+            ip.run_cell("for i, (x, y) in enumerate(loader):\n    opt.zero_grad()\n"
+                        "    loss_fn(model(x), y).backward()\n    opt.step()\n    if i == 3: break\n").raise_error()
+        finally:
+            instruments.uninstall()
+    finally:
+        torch._dynamo.reset()
+    assert not instruments.narrowed
+    assert [record.module_calls for record in instruments.records] == [5, 5, 5, 5]
