@@ -15,7 +15,9 @@ each optimizer step); the loop under `%%gpuprofile --steps N --warmup K -o -q`; 
 `torch.profiler.profile(activities=[CPU])` for the same steps, then `key_averages().table(...)` built. Reported:
 the typical profiled step against the unprofiled median (goal within 10%), the whole `%%gpuprofile` against the sum
 of the profiled steps (goal at most 3x), torch.profiler's step against the unprofiled one and the seconds its
-table took to build, and what each says first.
+table took to build, and what each says first. Then the hooks' cost two ways: what the report says ("profiling
+cost", estimated from the hooks' measured cost per bucket and per module call), and the loop run with the hooks
+alone and without them, in six back-to-back pairs in alternating order (the median of the pairs' differences).
 
 Then `--apply`'s reproducibility (goal: its measured speed-up within 10% between two runs): each loop under
 `%%gpuprofile --apply` twice, from the same state, with what each run applied and the speed-up it measured (with
@@ -27,11 +29,13 @@ the speed-up of each of its two back-to-back pairs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import statistics
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,15 +131,46 @@ def stop_after(loop: str, steps: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_plain(ip, name: str, steps: int, warmup: int, profiler: bool) -> tuple[list[float], float]:
-    """Step times of the loop run `warmup + steps` steps unprofiled (or under torch.profiler); the seconds its
-    key_averages table took to build (0 without it)."""
+@contextlib.contextmanager
+def profile_hooks(warmup: int) -> Iterator[None]:
+    """%%gpuprofile's hooks alone, as its profiled steps have them (narrowed after `warmup` steps), never stopping the
+    loop: what the hooks cost, without the warm-up, the counted step or the ceiling around them."""
+    import torch
+
+    from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan
+
+    instruments = Instruments(torch, ProfilePlan(warmup=warmup, steps=None, seconds=1e9, census=False))
+    instruments.install()
+    try:
+        yield
+    finally:
+        instruments.uninstall()
+
+
+def hooks_cost(ip, name: str, steps: int, warmup: int, pairs: int = 6) -> float:
+    """The hooks' cost per step, measured: the loop's median step with the hooks minus without, in pairs run back to
+    back, every other pair in the other order (the median of the pairs' differences). With the hooked run always
+    second, five pairs read 0.5-0.9 ms on three loops where alternating read 0.05 ms: a pair's second run was slower."""
+    differences = []
+    for pair in range(pairs):
+        median = {}
+        for hooks in ((False, True) if pair % 2 == 0 else (True, False)):
+            median[hooks] = statistics.median(run_plain(ip, name, steps, warmup, profiler=False, hooks=hooks)[0])
+        differences.append(median[True] - median[False])
+    return statistics.median(differences)
+
+
+def run_plain(ip, name: str, steps: int, warmup: int, profiler: bool,
+              hooks: bool = False) -> tuple[list[float], float]:
+    """Step times of the loop run `warmup + steps` steps unprofiled (or under torch.profiler, or under the profile's
+    hooks alone); the seconds torch.profiler's key_averages table took to build (0 without it)."""
     ip.run_cell("step_ends.clear()").raise_error()
     ip.user_ns["USE_PROFILER"] = profiler
+    ip.user_ns["HOOKS"] = (lambda: profile_hooks(warmup)) if hooks else contextlib.nullcontext
     code = ("def bench_loop():\n" + textwrap.indent(stop_after(LOOPS[name], warmup + steps + 1), "    ") + """
 import contextlib
 from torch.profiler import profile, ProfilerActivity
-context = profile(activities=[ProfilerActivity.CPU]) if USE_PROFILER else contextlib.nullcontext()
+context = profile(activities=[ProfilerActivity.CPU]) if USE_PROFILER else HOOKS()
 step_ends.append(time.perf_counter())
 with context as prof:
     try:
@@ -179,10 +214,12 @@ def main() -> None:
         result = run.result
         truth = {kind: list(values) for kind, values in ip.user_ns["truth"].items()}
         traced, table_seconds = run_plain(ip, name, args.steps, args.warmup, profiler=True)
+        hooks = hooks_cost(ip, name, args.steps, args.warmup)
         plain_median, traced_median = statistics.median(plain), statistics.median(traced)
         rows.append((name, f"{plain_median * 1e3:.1f} ms", f"{result.seconds * 1e3:.1f} ms",
                      f"{result.seconds / plain_median:.2f}", f"{whole / sum(result.step_seconds):.2f}",
-                     f"{(result.overhead_seconds or 0) * 1e6:.0f} µs", f"{traced_median * 1e3:.1f} ms",
+                     f"{(result.overhead_seconds or 0) * 1e6:.0f} µs", f"{hooks * 1e6:.0f} µs",
+                     f"{traced_median * 1e3:.1f} ms",
                      f"{traced_median / plain_median:.2f}", f"{table_seconds:.2f} s",
                      f"{result.flops / 1e9:.3f}" if result.flops else "-"))
         if name == "known costs":
@@ -209,7 +246,8 @@ def main() -> None:
         firsts.append((name, result.plan[0].cause if result.plan else "-",
                        ip.user_ns["table"].splitlines()[3].split()[0] if "table" in ip.user_ns else "-"))
     print()
-    print_table(("loop", "unprofiled step", "%%gpuprofile step", "ratio", "whole/steps", "hooks' cost",
+    print_table(("loop", "unprofiled step", "%%gpuprofile step", "ratio", "whole/steps", "hooks' cost (report)",
+                 "hooks' cost (A/B)",
                  "torch.profiler step", "ratio", "its table", "GFLOP/step"), rows, args.markdown)
     print()
     print_table(("known cost", "truth", "%%gpuprofile", "error"), accuracy, args.markdown)

@@ -134,7 +134,7 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
     if result.overhead_seconds is not None and result.seconds:
         rows.append(("profiling cost", f"about {format_seconds(result.overhead_seconds)} per step "
                                        f"({result.overhead_seconds / result.seconds:.1%}), measured: the hooks' cost "
-                                       "per call times the calls per step"))
+                                       "per bucket and per module call, times those in a step"))
     return rows
 
 

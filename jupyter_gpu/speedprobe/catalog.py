@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jupyter_gpu.speedprobe.step_code import ForwardCode
+
 # Number formats, from the loosest to the strictest: a combination is judged by its loosest member's format.
 BF16, FP16, TF32, FP32 = "bfloat16", "float16", "tf32", "float32"
 FORMAT_ORDER = (BF16, FP16, TF32, FP32)
@@ -76,6 +78,7 @@ class CodeContext:
     conv_tf32_line: str | None = None        # turns TF32 on for cuDNN convolutions, where it is off (on by default)
     unscale_before_clipping: bool = False    # the step clips gradients: with a GradScaler, unscale them first
     forward_only: bool = False               # the step trains nothing (evaluation, inference): no loss, no scaler
+    forward: ForwardCode | None = None       # the step's own forward lines, where its source could be read
 
     @property
     def model(self) -> str:
@@ -96,6 +99,10 @@ def _optimizer_line(optimizer: OptimizerCode) -> str:
     return f"{optimizer.name} = {optimizer.class_path}({optimizer.parameters}, {flag})  # keep your other arguments"
 
 
+def _indented(lines: tuple[str, ...]) -> list[str]:
+    return ["    " + line for line in lines]
+
+
 def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
     """The code to type for a configuration, in the order it goes into a notebook: set-up first, then the step."""
     lines: list[str] = []
@@ -111,7 +118,8 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
     if "channels-last" in chosen:
         lines += [f"{model} = {model}.to(memory_format=torch.channels_last)  # before creating the optimizer"
                   for model in context.models]
-        lines.append("x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
+        lines.append(context.forward.channels_last if context.forward and context.forward.channels_last else
+                     "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
     if "fused-optimizer" in chosen:
         lines += [_optimizer_line(optimizer) for optimizer in context.optimizers]
     # torch.compile(model), not model.compile(): on torch 2.13 the latter compiles nothing for an nn.Sequential.
@@ -119,20 +127,25 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
         lines += [f"{model} = torch.compile({model})" for model in context.models]
     if "compile-reduce-overhead" in chosen:
         lines += [f'{model} = torch.compile({model}, mode="reduce-overhead")' for model in context.models]
+    forward = context.forward
     if context.forward_only:
         for name, dtype in (("amp-bf16", "bfloat16"), ("amp-fp16", "float16")):
             if name in chosen:
                 lines += [f'with torch.autocast("{device}", dtype=torch.{dtype}):  # around the forward',
-                          f"    out = {context.model}(x)"]
+                          *_indented(forward.lines if forward else (f"out = {context.model}(x)",))]
         return lines
     if "amp-bf16" in chosen:
-        lines += [f'with torch.autocast("{device}", dtype=torch.bfloat16):  # in the step',
-                  f"    loss = loss_fn({context.model}(x), y)  # forward and loss only; backward stays outside"]
+        lines += [f'with torch.autocast("{device}", dtype=torch.bfloat16):  # in the step, '
+                  + ("around these lines of it; backward stays outside" if forward else
+                     "around the forward and loss; backward stays outside"),
+                  *_indented(forward.lines if forward else (f"loss = loss_fn({context.model}(x), y)",))]
     if "amp-fp16" in chosen:
+        loss = forward.loss if forward and forward.loss else "loss"
         lines += [f'scaler = torch.amp.GradScaler("{device}")  # once, before training',
-                  f'with torch.autocast("{device}", dtype=torch.float16):  # in the step',
-                  f"    loss = loss_fn({context.model}(x), y)",
-                  "scaler.scale(loss).backward()"]
+                  f'with torch.autocast("{device}", dtype=torch.float16):  # in the step'
+                  + (", around these lines of it" if forward else ""),
+                  *_indented(forward.lines if forward else (f"loss = loss_fn({context.model}(x), y)",)),
+                  f"scaler.scale({loss}).backward()"]
         if context.unscale_before_clipping:
             lines += [f"scaler.unscale_({optimizer.name})  # before clipping: clip the real gradients, not the "
                       "scaled ones" for optimizer in context.optimizers]

@@ -35,6 +35,7 @@ from jupyter_gpu.speedprobe.measure import (
     update_scale,
 )
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
+from jupyter_gpu.speedprobe.step_code import forward_code
 from jupyter_gpu.speedprobe.variants import StepSetting, why_not
 from jupyter_gpu.units import format_seconds
 
@@ -171,6 +172,7 @@ class _Probe:
     def __init__(self, step: Callable[[], Any], name: str, setting: StepSetting, request: SpeedProbeRequest,
                  snapshot: StateSnapshot, flags: GlobalFlags, progress: Progress | None) -> None:
         self.step_name = name
+        self.step = step
         self.setting = setting
         self.request = request
         self.snapshot = snapshot
@@ -463,7 +465,8 @@ class _Probe:
                     for _, _, run in self.single_runs)
         return CodeContext(device_type=self.setting.device_type, models=model_names, optimizers=optimizers,
                            conv_tf32_line=conv_line, unscale_before_clipping=clips,
-                           forward_only=self.setting.forward_only)
+                           forward_only=self.setting.forward_only,
+                           forward=forward_code(self.step, model_names, self.setting.forward_only))
 
 
 def _parameters_expression(optimizer: Any, models: list[Any], labels: dict[int, str]) -> str | None:

@@ -408,7 +408,10 @@ def test_a_forward_only_step_is_judged_on_its_outputs_without_a_scaler_or_an_opt
     assert "trains nothing" in result.option("fused-optimizer").skipped
     assert any("judged on its models' outputs" in note for note in result.notes)
     lines = "\n".join(adopt_lines(("amp-fp16",), result.code_context))
-    assert "GradScaler" not in lines and "backward" not in lines and "out = model(x)" in lines
+    assert "GradScaler" not in lines and "backward" not in lines
+    # The step's own forward statement, as it is written, inside the autocast block.
+    assert lines.splitlines()[1:] == ['    with torch.inference_mode():',
+                                      '        counts["correct"] += int((model(x).argmax(1) == y).sum().item())']
 
 
 def test_a_forward_pass_that_overflows_in_fp16_is_wrong_on_its_outputs() -> None:
