@@ -334,7 +334,9 @@ def _option_names(text: str) -> tuple[str, ...]:
     """An argparse type for '--try amp-bf16,compile': names from the speed-up catalogue, each once, in order."""
     from jupyter_gpu.speedprobe.catalog import OPTION_NAMES
 
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    # torch spells channels_last and cudnn.benchmark: those spellings are taken too.
+    names = tuple(dict.fromkeys(part.strip().replace("_", "-").replace(".", "-") for part in text.split(",")
+                                if part.strip()))
     unknown = [name for name in names if name not in OPTION_NAMES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"--try takes option names separated by commas, such as amp-bf16,compile; "

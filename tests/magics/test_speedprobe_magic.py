@@ -52,6 +52,12 @@ def test_probe_a_notebook_step_shows_the_table_and_returns_the_result(ip: Intera
     assert [trial.name for trial in result.options] == ["amp-bf16", "tf32", "fused-optimizer"]
 
 
+def test_options_take_torchs_own_spelling(ip: InteractiveShell) -> None:
+    ip.run_cell(SETUP)
+    result = ip.run_line_magic("speedprobe", "train_step --try channels_last,cudnn.benchmark --steps 2 -q -o")
+    assert [trial.name for trial in result.options] == ["cudnn-benchmark", "channels-last"]
+
+
 def test_quiet_prints_nothing(ip: InteractiveShell) -> None:
     ip.run_cell(SETUP)
     with capture_output() as captured:
