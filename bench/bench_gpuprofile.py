@@ -17,7 +17,8 @@ the typical profiled step against the unprofiled median (goal within 10%), the w
 of the profiled steps (goal at most 3x), torch.profiler's step against the unprofiled one and the seconds its
 table took to build, and what each says first. Then the hooks' cost two ways: what the report says ("profiling
 cost", estimated from the hooks' measured cost per bucket and per module call), and the loop run with the hooks
-alone and without them, in six back-to-back pairs in alternating order (the median of the pairs' differences).
+alone and without them, in six back-to-back pairs in alternating order (the median of the pairs' differences),
+beside the same pairs with no hooks in either run (A/A: what such a difference reads from noise alone).
 
 Then `--apply`'s reproducibility (goal: its measured speed-up within 10% between two runs): each loop under
 `%%gpuprofile --apply` twice, from the same state, with what each run applied and the speed-up it measured (with
@@ -147,17 +148,20 @@ def profile_hooks(warmup: int) -> Iterator[None]:
         instruments.uninstall()
 
 
-def hooks_cost(ip, name: str, steps: int, warmup: int, pairs: int = 6) -> float:
+def hooks_cost(ip, name: str, steps: int, warmup: int, pairs: int = 6) -> tuple[float, float]:
     """The hooks' cost per step, measured: the loop's median step with the hooks minus without, in pairs run back to
-    back, every other pair in the other order (the median of the pairs' differences). With the hooked run always
-    second, five pairs read 0.5-0.9 ms on three loops where alternating read 0.05 ms: a pair's second run was slower."""
-    differences = []
-    for pair in range(pairs):
-        median = {}
-        for hooks in ((False, True) if pair % 2 == 0 else (True, False)):
-            median[hooks] = statistics.median(run_plain(ip, name, steps, warmup, profiler=False, hooks=hooks)[0])
-        differences.append(median[True] - median[False])
-    return statistics.median(differences)
+    back, every other pair in the other order (the median of the pairs' differences); and the same with no hooks in
+    either run of a pair, the noise floor such a difference has on this machine."""
+    def paired(hooked_run: bool) -> float:
+        differences = []
+        for pair in range(pairs):
+            median = {}
+            for second in ((False, True) if pair % 2 == 0 else (True, False)):
+                hooks = second and hooked_run
+                median[second] = statistics.median(run_plain(ip, name, steps, warmup, profiler=False, hooks=hooks)[0])
+            differences.append(median[True] - median[False])
+        return statistics.median(differences)
+    return paired(True), paired(False)
 
 
 def run_plain(ip, name: str, steps: int, warmup: int, profiler: bool,
@@ -218,7 +222,8 @@ def main() -> None:
         plain_median, traced_median = statistics.median(plain), statistics.median(traced)
         rows.append((name, f"{plain_median * 1e3:.1f} ms", f"{result.seconds * 1e3:.1f} ms",
                      f"{result.seconds / plain_median:.2f}", f"{whole / sum(result.step_seconds):.2f}",
-                     f"{(result.overhead_seconds or 0) * 1e6:.0f} µs", f"{hooks * 1e6:.0f} µs",
+                     f"{(result.overhead_seconds or 0) * 1e6:.0f} µs", f"{hooks[0] * 1e6:.0f} µs",
+                     f"{hooks[1] * 1e6:.0f} µs",
                      f"{traced_median * 1e3:.1f} ms",
                      f"{traced_median / plain_median:.2f}", f"{table_seconds:.2f} s",
                      f"{result.flops / 1e9:.3f}" if result.flops else "-"))
@@ -247,17 +252,84 @@ def main() -> None:
                        ip.user_ns["table"].splitlines()[3].split()[0] if "table" in ip.user_ns else "-"))
     print()
     print_table(("loop", "unprofiled step", "%%gpuprofile step", "ratio", "whole/steps", "hooks' cost (report)",
-                 "hooks' cost (A/B)",
+                 "hooks' cost (A/B)", "same, no hooks (A/A)",
                  "torch.profiler step", "ratio", "its table", "GFLOP/step"), rows, args.markdown)
     print()
     print_table(("known cost", "truth", "%%gpuprofile", "error"), accuracy, args.markdown)
     print()
     print_table(("loop", "%%gpuprofile: fix first", "torch.profiler: top self-CPU row"), firsts, args.markdown)
+    print()
+    print_table(("host-bound step (batch 2)", "step", "hooks, global", "hooks, narrowed (as profiled)",
+                 "report's estimate"), host_bound_hooks(), args.markdown)
     if args.apply:
         print()
         print_table(("loop", "applied (run 1)", "speed-up run 1 (its pairs)", "applied (run 2)",
                      "speed-up run 2 (its pairs)", "difference", "seconds per --apply"),
                     apply_twice(ip, args.steps, args.warmup), args.markdown)
+
+
+def _training_step(nn, model, inputs, targets, optimizer):
+    def step() -> None:
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    return step
+
+
+def host_bound_hooks(rounds: int = 30) -> list[tuple[str, ...]]:
+    """The hooks' cost where it shows most: a step with almost no compute (batch 2, one CPU thread), as a GPU's
+    host-bound step is, timed in-process with no DataLoader, so the noise is small. Rounds of bare, hooked, bare
+    (10 steps each), the hooked median against the mean of the two bare ones around it; the median over the rounds.
+    With the module hooks kept global for the whole run, and narrowed after the warm-up as `%%gpuprofile` does."""
+    import torch
+    from models import MLP, EncoderClassifier, ResNet
+    from torch import nn
+
+    from jupyter_gpu.gpuprofile.assemble import _overhead
+    from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    cases = {"ResNet CNN": (ResNet(), torch.randn(2, 3, 8, 8), torch.randint(0, 10, (2,))),
+             "transformer": (EncoderClassifier(), torch.randint(0, 1000, (2, 32)), torch.randint(0, 2, (2,))),
+             "MLP": (MLP((32, 64, 64, 10)), torch.randn(2, 32), torch.randint(0, 10, (2,)))}
+    rows = []
+    try:
+        for name, (model, inputs, targets) in cases.items():
+            step = _training_step(nn, model, inputs, targets, torch.optim.SGD(model.parameters(), lr=0.01))
+
+            def timed() -> float:
+                began = time.perf_counter()
+                for _ in range(10):
+                    step()  # noqa: B023 - called in this iteration only
+                return (time.perf_counter() - began) / 10
+
+            for _ in range(10):
+                step()
+            figures = []
+            for narrowed in (False, True):
+                differences, records = [], []
+                for _ in range(rounds):
+                    before = timed()
+                    instruments = Instruments(torch, ProfilePlan(warmup=2 if narrowed else 10 ** 9, steps=None,
+                                                                 seconds=1e9, census=False))
+                    instruments.install()
+                    for _ in range(3):
+                        step()
+                    hooked = timed()
+                    records = instruments.records[-5:]
+                    instruments.uninstall()
+                    differences.append(hooked - (before + timed()) / 2)
+                figures.append((statistics.median(differences), _overhead(torch, records, narrowed) or 0.0))
+            bare = timed()
+            rows.append((name, f"{bare * 1e3:.2f} ms", f"{figures[0][0] * 1e6:.0f} µs",
+                         f"{figures[1][0] * 1e6:.0f} µs", f"{figures[1][1] * 1e6:.0f} µs"))
+    finally:
+        torch.set_num_threads(threads)
+    return rows
 
 
 def apply_twice(ip, steps: int, warmup: int) -> list[tuple[str, ...]]:
