@@ -24,7 +24,7 @@ Then `--apply`'s reproducibility (goal: its measured speed-up within 10% between
 `%%gpuprofile --apply` twice, from the same state, with what each run applied and the speed-up it measured (with
 the speed-up of each of its two back-to-back pairs).
 
-    .venv/bin/python bench/bench_gpuprofile.py [--steps 20] [--warmup 5] [--no-apply] [--markdown]
+    .venv/bin/python bench/bench_gpuprofile.py [--steps 20] [--warmup 5] [--no-apply | --apply-only] [--markdown]
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-apply", dest="apply", action="store_false", help="skip --apply's reproducibility")
+    parser.add_argument("--apply-only", action="store_true", help="only --apply's reproducibility")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     from IPython.testing.globalipapp import start_ipython
@@ -205,6 +206,17 @@ def main() -> None:
     ip = start_ipython()
     ip.run_line_magic("load_ext", "jupyter_gpu")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if not args.apply_only:
+        profile_tables(ip, args)
+    if args.apply:
+        print()
+        print_table(("loop", "applied (run 1)", "speed-up run 1 (its pairs)", "applied (run 2)",
+                     "speed-up run 2 (its pairs)", "difference", "seconds per --apply"),
+                    apply_twice(ip, args.steps, args.warmup), args.markdown)
+
+
+def profile_tables(ip, args: argparse.Namespace) -> None:
+    """Accuracy, cost and what each tool says first, for each loop; then the hooks on a host-bound step."""
     rows, accuracy, firsts = [], [], []
     for name, setup in SETUPS.items():
         ip.run_cell(setup).raise_error()
@@ -261,11 +273,6 @@ def main() -> None:
     print()
     print_table(("host-bound step (batch 2)", "step", "hooks, global", "hooks, narrowed (as profiled)",
                  "report's estimate"), host_bound_hooks(), args.markdown)
-    if args.apply:
-        print()
-        print_table(("loop", "applied (run 1)", "speed-up run 1 (its pairs)", "applied (run 2)",
-                     "speed-up run 2 (its pairs)", "difference", "seconds per --apply"),
-                    apply_twice(ip, args.steps, args.warmup), args.markdown)
 
 
 def _training_step(nn, model, inputs, targets, optimizer):

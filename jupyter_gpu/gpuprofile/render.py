@@ -279,8 +279,10 @@ def _applied_text(applied: AppliedFixes) -> list[str]:
             lines.append(f"  {applied.speedup:.2f}x per step, measured on your loop")
         if applied.runs_each > 1:
             pairs = " and ".join(f"{speedup:.2f}x" for speedup in applied.pair_speedups)
-            lines.append(f"  each measured {applied.runs_each} times, back to back (before, after, after, before), "
-                         f"from the same state, and its faster run compared; the two pairs gave {pairs}")
+            steps = len(applied.before.step_seconds) // applied.runs_each
+            lines.append(f"  each measured {applied.runs_each} times ({steps} steps each), back to back (before, "
+                         f"after, after, before), from the same state, and its faster run compared; the two pairs "
+                         f"gave {pairs}")
         if applied.loss_difference is not None:
             lines.append(f"  the losses of the two runs (same state, same batches) differ by at most "
                          f"{applied.loss_difference:.2%} step by step")

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import math
 import time
 import traceback
 import warnings
@@ -47,6 +48,10 @@ class Profiled:
 
 
 APPLY_ORDER = (False, True, True, False)  # --apply: the loop without (False) and with (True) the fixes
+# Each of --apply's runs profiles at least this long (up to APPLY_MOST_STEPS steps): on the 2-core CI machine one
+# run of 20 MLP steps (0.22 s) against another gave 2.26x in one pair and 1.68x in the next.
+APPLY_RUN_SECONDS = 1.0
+APPLY_MOST_STEPS = 200
 _COMPILED_MODULE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks on modules"
 
 
@@ -175,12 +180,12 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
         # The loop as it is and with the fixes, back to back and twice each in the order before, after, after,
         # before, so a drift of the machine's speed (the probes just ran; a shared machine) falls on both alike:
         # the first profile, taken before the probes, is not what the fixes are measured against.
+        run_request = _apply_run_request(request, before)
         for fixed in APPLY_ORDER:
             # A run puts the training state back itself; one with the fixes also needs what they change undone.
             with _put_back(torch, objects) if fixed else contextlib.nullcontext():
                 measured = profile_run(applied_run(torch, namespace, fixes, objects, device, run) if fixed else run,
-                                       replace(request, apply=False, keep=False), namespace=namespace,
-                                       loop_source=loop_source, progress=progress)
+                                       run_request, namespace=namespace, loop_source=loop_source, progress=progress)
             if isinstance(measured.error, KeyboardInterrupt):
                 interrupted = "the runs before and after"
                 figures[True].clear()
@@ -197,6 +202,17 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
                            checked=fixes.checked, code=[] if interrupted else fixes.code, before=before_figures,
                            after=after, runs_each=len(figures[True]) if after else 1, interrupted=interrupted)
     return replace(before, applied=applied)
+
+
+def _apply_run_request(request: ProfileRequest, before: ProfileResult) -> ProfileRequest:
+    """What each of --apply's runs profiles: the profile's own steps, or more where they took under
+    APPLY_RUN_SECONDS (the loop as it is, as the first profile measured it)."""
+    if request.seconds is not None:
+        return dataclasses.replace(request, apply=False, keep=False, seconds=max(request.seconds, APPLY_RUN_SECONDS))
+    steps = request.steps or DEFAULT_STEPS
+    if before.seconds:
+        steps = max(steps, min(APPLY_MOST_STEPS, math.ceil(APPLY_RUN_SECONDS / before.seconds)))
+    return dataclasses.replace(request, apply=False, keep=False, steps=steps)
 
 
 @contextlib.contextmanager
