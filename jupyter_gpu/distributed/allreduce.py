@@ -333,6 +333,9 @@ def _run_ranks(python: str, base_env: Mapping[str, str], plan: dict[str, Any], w
                                           dtype=record["dtype"], iterations=record["iterations"],
                                           time_s=record["time_s"], wrong=record["wrong"], world_size=world, peak=peak)
                 rows.append(row)
+                # Until rank 0 says it started the next size, a rank that dies did so between the two: "at 4.0 KiB"
+                # would name a size that was done (a rank killed right after the first size's line said so).
+                where[0] = f"after {format_bytes(row.size_bytes)}, before the next size started"
                 progress(f"{format_bytes(row.size_bytes)}: {format_seconds(row.time_s)}, busbw {row.busbw / 1e9:.2f} "
                          f"GB/s, {row.wrong:,} wrong ({len(rows)}/{len(sizes)})")
             elif event == "done":
