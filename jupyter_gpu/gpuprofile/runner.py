@@ -70,7 +70,7 @@ def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_ST
     # As at profile_run's end: the raised error's traceback keeps this frame, so it must not keep the arguments.
     call = [functools.partial(fn, *args, **kwargs)]
     del args, kwargs
-    profiled = profile_run(lambda: call[0](), request, namespace=where, also=arguments)
+    profiled = profile_run(lambda: call[0](), request, namespace=where, also=arguments, code=fn)
     call.clear()
     del arguments
     if profiled.error is not None:
@@ -87,9 +87,11 @@ def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_ST
 
 def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: dict[str, Any],
                 loop_source: lift.LoopSource | None = None, progress: Progress | None = None,
-                also: dict[str, Any] | None = None) -> Profiled:
+                also: dict[str, Any] | None = None, code: Any = None) -> Profiled:
     """Run `run()` (the cell, or the user's training function) under the profile. `also`: more places the training
-    objects may be (a function's arguments)."""
+    objects may be (a function's arguments). `code`: the function (or list of functions) whose code is the cell's,
+    so the notebook variables it changes (`global_step += 1`, `logs.append(...)`) are put back with the training
+    state; the names it creates stay."""
     try:
         import torch
     except ImportError:
@@ -98,7 +100,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     objects = find_training_objects(places)
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
-    snapshot = None if request.keep else StateSnapshot.take(objects)
+    snapshot = None if request.keep else StateSnapshot.take(objects, code, remove_new=False)
     flags = GlobalFlags.take(torch)
     cuda_before = cuda_initialized(torch)
     if cuda_before:
@@ -141,14 +143,18 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     created = [used.labels.get(id(obj), type(obj).__name__) for obj in used.objects() if id(obj) not in before_ids]
     if snapshot is not None:
         snapshot.restore()
+    put_back = snapshot.changed_variables if snapshot is not None else []
     flags.restore(torch)
     result, defined, loaders = assemble(torch, instruments, request, namespace, used, gpu_phases, peak_memory,
                                          loop_source, error, run_seconds, cuda_before)
+    if put_back:
+        result.notes.append(f"{', '.join(put_back)}: notebook variables the cell changed, put back as they were with "
+                            "the training state (--keep keeps what the steps did).")
     if created and not request.keep:
         result.notes.append(f"{', '.join(created)}: made by the cell itself, so they keep the steps it ran (only "
                             "what existed before the cell is put back).")
     if request.apply and error is None and not request.keep:
-        result = _apply(torch, run, request, namespace, loop_source, progress, result, loaders)
+        result = _apply(torch, run, request, namespace, loop_source, progress, result, loaders, code)
         if result.applied is not None and result.applied.interrupted:
             error = KeyboardInterrupt()  # shown with what was measured, then raised: "Run all" stops here
     profiled = Profiled(result=result, value=value, error=error, defined=defined)
@@ -162,7 +168,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
 
 def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespace: dict[str, Any],
            loop_source: lift.LoopSource | None, progress: Progress | None, before: ProfileResult,
-           loaders: list[str]) -> ProfileResult:
+           loaders: list[str], code: Any) -> ProfileResult:
     """--apply: the probes choose and check the fixes, then the loop runs as it is and with them, back to back
     (APPLY_ORDER), every run from the same state. Ctrl-C during any of it applies nothing (`.interrupted`)."""
     from dataclasses import replace
@@ -185,7 +191,8 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
             # A run puts the training state back itself; one with the fixes also needs what they change undone.
             with _put_back(torch, objects) if fixed else contextlib.nullcontext():
                 measured = profile_run(applied_run(torch, namespace, fixes, objects, device, run) if fixed else run,
-                                       run_request, namespace=namespace, loop_source=loop_source, progress=progress)
+                                       run_request, namespace=namespace, loop_source=loop_source, progress=progress,
+                                       code=code)
             if isinstance(measured.error, KeyboardInterrupt):
                 interrupted = "the runs before and after"
                 figures[True].clear()

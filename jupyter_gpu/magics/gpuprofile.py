@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -66,8 +67,11 @@ class GpuProfileMagics(Magics):
                                  apply=options.apply, compile=options.compile,
                                  data_seconds=options.data_seconds or DEFAULT_DATA_SECONDS)
         try:
+            # The cell's code as functions of the notebook: the variables it changes are put back with the rest.
+            code = [types.FunctionType(part, namespace) for part in (compiled.body, compiled.last_expression)
+                    if isinstance(part, types.CodeType)]
             profiled = profile_run(run, request, namespace=namespace, loop_source=LoopSource(compiled.filename),
-                                   progress=None if options.quiet else ProgressLine())
+                                   progress=None if options.quiet else ProgressLine(), code=code)
         except GpuProfileError as exc:
             raise UsageError(f"{magic}: {exc}") from None
         # With -o the result is the cell's value (its Out): displaying it here too would show it twice.

@@ -52,10 +52,11 @@ def _names(code: types.CodeType) -> Iterator[str]:
 
 
 def step_globals(step: Any) -> list[tuple[dict[str, Any], str]]:
-    """(namespace, name) of every global the step's code and its notebook functions name, each once."""
+    """(namespace, name) of every global the step's code and its notebook functions name, each once. `step` may be
+    a list of steps (a cell's statements and its last expression, each made a function of the notebook)."""
     found: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
     seen: set[int] = set()
-    pending = [(func, 0) for func in _functions(step)]
+    pending = [(func, 0) for one in (step if isinstance(step, list) else [step]) for func in _functions(one)]
     while pending:
         func, depth = pending.pop()
         if id(func) in seen:
@@ -80,11 +81,14 @@ class StepVariables:
         self.changed: list[str] = []  # names a restore found changed, in the order first seen
 
     @classmethod
-    def take(cls, step: Any, skip: set[int]) -> StepVariables:
-        """`skip`: ids of objects another part of the snapshot keeps (the training objects)."""
+    def take(cls, step: Any, skip: set[int], remove_new: bool = True) -> StepVariables:
+        """`skip`: ids of objects another part of the snapshot keeps (the training objects). `remove_new=False`
+        leaves a name the step creates: a profiled cell's `losses = []` stays, for the ready steps lifted from it."""
         entries = []
         for namespace, name in step_globals(step):
             value = namespace.get(name, _ABSENT)
+            if value is _ABSENT and not remove_new:
+                continue
             if value is not _ABSENT and (id(value) in skip or _not_a_variable(value)):
                 continue
             entries.append((namespace, name, value, _contents(value)))

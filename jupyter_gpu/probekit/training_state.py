@@ -632,8 +632,9 @@ class StateSnapshot:
         self._rng = rng
 
     @classmethod
-    def take(cls, objects: TrainingObjects, step: Any = None) -> StateSnapshot:
-        """`step`: also the notebook variables the step changes as it runs (`probekit.step_variables`)."""
+    def take(cls, objects: TrainingObjects, step: Any = None, remove_new: bool = True) -> StateSnapshot:
+        """`step`: also the notebook variables the step changes as it runs (`probekit.step_variables`); with
+        `remove_new=False` the names it creates are left."""
         store = _TensorStore()
         parts: list[_Part] = [
             _ModuleState(objects.modules, store),
@@ -643,7 +644,7 @@ class StateSnapshot:
             *(_ScalerState(scaler, store) for scaler in objects.scalers),
         ]
         if step is not None:
-            parts.append(StepVariables.take(step, {id(value) for value in objects.objects()}))
+            parts.append(StepVariables.take(step, {id(value) for value in objects.objects()}, remove_new))
         return cls(store, parts, _RngState())
 
     @property

@@ -873,3 +873,37 @@ def test_with_compiled_code_in_the_process_the_module_hooks_stay_global(ip) -> N
         torch._dynamo.reset()
     assert not instruments.narrowed
     assert [record.module_calls for record in instruments.records] == [5, 5, 5, 5]
+
+
+def test_the_notebook_variables_the_cell_changes_are_put_back_and_the_names_it_makes_are_kept(ip) -> None:
+    # A step counter the loop stops on, a log list and a best-so-far dict: left as the profile's steps made them, the
+    # next real run would stop early and its log start with the profile's entries.
+    ip.run_cell(MLP + """
+global_step, max_steps, logs, best = 0, 10_000, [], {"loss": 9.0}
+def train():
+    global global_step
+    for x, y in loader:
+        opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
+        global_step += 1
+        logs.append(loss.item())
+""").raise_error()
+    cell = """%%gpuprofile -o -q --steps 4 --warmup 1
+history = []
+for x, y in loader:
+    opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
+    global_step += 1
+    logs.append(loss.item()); history.append(loss.item())
+    best["loss"] = min(best["loss"], loss.item())
+    if global_step >= max_steps:
+        break
+"""
+    result = ip.run_cell(cell).result
+    ns = ip.user_ns
+    assert (ns["global_step"], ns["logs"], ns["best"]) == (0, [], {"loss": 9.0})
+    assert len(ns["history"]) >= 5  # made by the cell: kept, for the ready steps lifted from it
+    assert any(note.startswith("global_step, logs, best: notebook variables the cell changed, put back")
+               for note in result.notes), result.notes
+    ip.run_line_magic("gpuprofile", "-q --steps 3 --warmup 1 train()")
+    assert (ns["global_step"], ns["logs"]) == (0, [])
+    ip.run_cell(cell.replace("-o -q", "-q --keep")).raise_error()
+    assert ns["global_step"] >= 5 and len(ns["logs"]) == ns["global_step"]
