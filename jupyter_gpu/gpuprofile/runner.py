@@ -90,8 +90,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
                 also: dict[str, Any] | None = None, code: Any = None) -> Profiled:
     """Run `run()` (the cell, or the user's training function) under the profile. `also`: more places the training
     objects may be (a function's arguments). `code`: the function (or list of functions) whose code is the cell's,
-    so the notebook variables it changes (`global_step += 1`, `logs.append(...)`) are put back with the training
-    state; the names it creates stay."""
+    so the notebook variables it carries (`global_step += 1`, `logs.append(...)`) are put back with the training
+    state; the names it creates and its loop variables stay."""
     try:
         import torch
     except ImportError:
@@ -100,7 +100,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     objects = find_training_objects(places)
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
-    snapshot = None if request.keep else StateSnapshot.take(objects, code, remove_new=False)
+    snapshot = None if request.keep else StateSnapshot.take(objects, code, whole_run=True)
     flags = GlobalFlags.take(torch)
     cuda_before = cuda_initialized(torch)
     if cuda_before:

@@ -15,6 +15,7 @@ every other reference sees them too); a copy of a small tensor that requires no 
 from __future__ import annotations
 
 import collections
+import dis
 import functools
 import inspect
 import types
@@ -51,9 +52,32 @@ def _names(code: types.CodeType) -> Iterator[str]:
             yield from _names(const)
 
 
-def step_globals(step: Any) -> list[tuple[dict[str, Any], str]]:
+def _assigned_first(code: types.CodeType) -> set[str]:
+    """The global names `code` stores before it ever reads them (in bytecode order, nested code where it is made):
+    a loop's target, `running_loss = 0.0` before `running_loss += ...`. Their value from before the code ran does
+    not reach what it does."""
+    first: dict[str, str] = {}
+
+    def walk(current: types.CodeType) -> None:
+        for instruction in dis.get_instructions(current):
+            if isinstance(instruction.argval, types.CodeType):
+                walk(instruction.argval)
+            elif instruction.opname in _LOADS:
+                first.setdefault(instruction.argval, "load")
+            elif instruction.opname in _STORES:
+                first.setdefault(instruction.argval, "store")
+    walk(code)
+    return {name for name, access in first.items() if access == "store"}
+
+
+_LOADS = {"LOAD_NAME", "LOAD_GLOBAL"}
+_STORES = {"STORE_NAME", "STORE_GLOBAL", "DELETE_NAME", "DELETE_GLOBAL"}
+
+
+def step_globals(step: Any, carried_only: bool = False) -> list[tuple[dict[str, Any], str]]:
     """(namespace, name) of every global the step's code and its notebook functions name, each once. `step` may be
-    a list of steps (a cell's statements and its last expression, each made a function of the notebook)."""
+    a list of steps (a cell's statements and its last expression, each made a function of the notebook).
+    `carried_only`: not the names the code assigns before it reads them (a profiled cell's loop variables)."""
     found: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
     seen: set[int] = set()
     pending = [(func, 0) for one in (step if isinstance(step, list) else [step]) for func in _functions(one)]
@@ -63,7 +87,10 @@ def step_globals(step: Any) -> list[tuple[dict[str, Any], str]]:
             continue
         seen.add(id(func))
         namespace = func.__globals__
+        skipped = _assigned_first(func.__code__) if carried_only else set()
         for name in _names(func.__code__):
+            if name in skipped:
+                continue
             value = namespace.get(name, _ABSENT)
             if inspect.isfunction(value) and value.__globals__ is namespace:
                 if depth < MAX_DEPTH:
@@ -81,13 +108,14 @@ class StepVariables:
         self.changed: list[str] = []  # names a restore found changed, in the order first seen
 
     @classmethod
-    def take(cls, step: Any, skip: set[int], remove_new: bool = True) -> StepVariables:
-        """`skip`: ids of objects another part of the snapshot keeps (the training objects). `remove_new=False`
-        leaves a name the step creates: a profiled cell's `losses = []` stays, for the ready steps lifted from it."""
+    def take(cls, step: Any, skip: set[int], whole_run: bool = False) -> StepVariables:
+        """`skip`: ids of objects another part of the snapshot keeps (the training objects). `whole_run`: the step
+        is a profiled cell, run once: the names it creates stay (`losses = []`, for the ready steps lifted from it),
+        and so do those it assigns before reading (its loop variables: the next run does not see their old value)."""
         entries = []
-        for namespace, name in step_globals(step):
+        for namespace, name in step_globals(step, carried_only=whole_run):
             value = namespace.get(name, _ABSENT)
-            if value is _ABSENT and not remove_new:
+            if value is _ABSENT and whole_run:
                 continue
             if value is not _ABSENT and (id(value) in skip or _not_a_variable(value)):
                 continue

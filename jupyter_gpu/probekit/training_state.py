@@ -632,9 +632,9 @@ class StateSnapshot:
         self._rng = rng
 
     @classmethod
-    def take(cls, objects: TrainingObjects, step: Any = None, remove_new: bool = True) -> StateSnapshot:
-        """`step`: also the notebook variables the step changes as it runs (`probekit.step_variables`); with
-        `remove_new=False` the names it creates are left."""
+    def take(cls, objects: TrainingObjects, step: Any = None, whole_run: bool = False) -> StateSnapshot:
+        """`step`: also the notebook variables the step changes as it runs (`probekit.step_variables`); `whole_run`:
+        the step is a profiled cell, whose new names and loop variables stay."""
         store = _TensorStore()
         parts: list[_Part] = [
             _ModuleState(objects.modules, store),
@@ -644,7 +644,7 @@ class StateSnapshot:
             *(_ScalerState(scaler, store) for scaler in objects.scalers),
         ]
         if step is not None:
-            parts.append(StepVariables.take(step, {id(value) for value in objects.objects()}, remove_new))
+            parts.append(StepVariables.take(step, {id(value) for value in objects.objects()}, whole_run))
         return cls(store, parts, _RngState())
 
     @property

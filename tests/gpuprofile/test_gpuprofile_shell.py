@@ -886,7 +886,9 @@ def train():
         opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
         global_step += 1
         logs.append(loss.item())
+loss = torch.tensor(5.0)
 """).raise_error()
+    loss_before = ip.user_ns["loss"]
     cell = """%%gpuprofile -o -q --steps 4 --warmup 1
 history = []
 for x, y in loader:
@@ -900,6 +902,8 @@ for x, y in loader:
     result = ip.run_cell(cell).result
     ns = ip.user_ns
     assert (ns["global_step"], ns["logs"], ns["best"]) == (0, [], {"loss": 9.0})
+    # Its loop variables are not: the next run assigns them before it reads them (x, y, loss existed before).
+    assert ns["loss"] is not loss_before
     assert len(ns["history"]) >= 5  # made by the cell: kept, for the ready steps lifted from it
     assert any(note.startswith("global_step, logs, best: notebook variables the cell changed, put back")
                for note in result.notes), result.notes
