@@ -169,9 +169,10 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     batch = instruments.trained_batch if trained else instruments.last_batch
     accumulation = _accumulation(instruments, sites, profiled)
     lifted = lift.ready_steps(loop_source, sites, namespace, loaders, accumulation=accumulation, batch=batch,
-                              scopes=instruments.loop_scopes) if step_seconds else lift.Lifted([])
+                              scopes={**instruments.step_scopes, **instruments.loop_scopes},
+                              step_sites=instruments.step_sites) if step_seconds else lift.Lifted([])
     lift.define(lifted, namespace)
-    if lifted.defined:
+    if lift.BATCH in lifted.defined:
         namespace[lift.BATCH] = batch
     ready, defined = lifted.steps, [*lifted.defined, *([lift.LOADER] if lift.LOADER in loaders else [])]
     models, compiled_models = _models_called(instruments, used)

@@ -106,6 +106,10 @@ class Instruments:
         self.sites: dict[tuple[str, int], SyncSite] = {}
         self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
         self.loop_scopes: dict[tuple[str, int], LoopScope] = {}  # of those inside a function
+        # Where the loop called the lead optimizer's step (the user's line), and what a function there could see: a
+        # loop with no DataLoader (`xb, yb = get_batch('train')`) is found, and lifted, from there.
+        self.step_sites: dict[tuple[str, int], int] = {}
+        self.step_scopes: dict[tuple[str, int], LoopScope] = {}
         # The sites whose batch an optimizer step followed (not an evaluation loop's), the sampler of each site, and
         # the batch the last optimizer step trained on.
         self.trained_sites: set[tuple[str, int]] = set()
@@ -290,7 +294,17 @@ class Instruments:
         if self.stop_pending and id(optimizer) == self.lead_optimizer:
             self.stopped = True
             raise StopProfile
+        if self.lead_optimizer in (None, id(optimizer)) and not self.batches:
+            self._note_step_site()
         self._enter_phase(OPTIMIZER)
+
+    def _note_step_site(self) -> None:
+        """The user's line that called the optimizer step, for a loop that takes no DataLoader batch."""
+        frame = self._user_frame(sys._getframe(2))
+        site = (frame.f_code.co_filename, frame.f_lineno)
+        if site not in self.step_sites and frame.f_locals is not frame.f_globals:
+            self.step_scopes[site] = LoopScope(dict(frame.f_locals), frame.f_globals)
+        self.step_sites[site] = self.step_sites.get(site, 0) + 1
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._elsewhere():

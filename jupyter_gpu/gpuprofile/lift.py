@@ -251,7 +251,7 @@ def _always_assigned(body: list[ast.stmt]) -> set[str]:
             names |= _always_assigned(statement.body)
         elif isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            names |= {target.id for target in targets if isinstance(target, ast.Name)}
+            names |= _stored(targets)  # `loss = ...`, and `logits, loss = model(xb, yb)`
     return names
 
 
@@ -283,15 +283,22 @@ class Lifted:
     steps: list[ReadyStep]
     defined: list[str] = field(default_factory=list)
     bound: dict[str, Any] = field(default_factory=dict)
+    factory_for: str = DATA_STEP  # the step the factory makes, when `bound` is not empty
 
 
 def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], namespace: Mapping[str, Any],
                 loaders: list[str], *, accumulation: int, batch: Any,
-                scopes: Mapping[tuple[str, int], LoopScope] | None = None) -> Lifted:
+                scopes: Mapping[tuple[str, int], LoopScope] | None = None,
+                step_sites: Mapping[tuple[str, int], int] | None = None) -> Lifted:
     """The ready steps, or the templates and why. `batch` is the last batch the loop saw (None when it saw none);
-    `scopes`: for a loop inside a function, what that function saw when its loop first asked for a batch."""
+    `scopes`: for a loop inside a function, what that function saw when its loop first asked for a batch (or, for
+    a loop without a DataLoader, called its optimizer's step); `step_sites`: where the loop called it."""
     loader = loaders[0] if loaders else "LOADER"
     why = _why_not(source, loop_sites, batch)
+    if why is not None and step_sites:
+        lifted = _lift_without_loader(source, step_sites, namespace, scopes or {})
+        if lifted is not None:
+            return lifted
     if why is not None:
         return Lifted(_templates(loader, why))
     loop = None
@@ -313,21 +320,133 @@ def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], 
     site = next((site for site in (scopes or {}) if site[0] == filename and site[1] in loop.fetch_lines), None)
     scope = (scopes or {})[site].visible(namespace) if site is not None else {}
     loop_names = _stored(loop.target) | ({loop.counter} if loop.counter else set())
-    # A loop inside a function: what its body reads from the function (arguments, a running total it carries
-    # across batches) is closed over, with the value it had when the loop began; it shadows the notebook's.
-    body = loop.statements
+    bound, missing = _closed_over(loop.statements, loop_names, scope, namespace)
+    if missing:
+        return Lifted(_templates(loader, missing))
+    code = _data_step_code(loop, namespace, list(bound))
+    steps, defined = _lifted(loader, loop.line, accumulation, code)
+    return Lifted(steps, defined, bound)
+
+
+def _closed_over(body: list[ast.stmt], loop_names: set[str], scope: Mapping[str, Any],
+                 namespace: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """What the lifted body closes over, and why it cannot be lifted (a name it cannot see), if so. A loop inside a
+    function: what its body reads from the function (arguments, a running total it carries across batches) is
+    closed over, with the value it had when the loop began; it shadows the notebook's."""
     carried = _carried(body)
     bound = {name: scope[name] for name in sorted((_loaded(body) | carried) - loop_names)
              if name in scope and (name not in _stored(body) or name in carried)}
     known = set(namespace) | set(dir(builtins)) | _stored(body) | loop_names | set(bound)
     missing = sorted(_loaded(body) - known)
     if missing:
-        return Lifted(_templates(loader, f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
-                                         f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a "
-                                         "function's own variables?)"))
-    code = _data_step_code(loop, namespace, list(bound))
-    steps, defined = _lifted(loader, loop.line, accumulation, code)
-    return Lifted(steps, defined, bound)
+        return bound, (f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
+                       f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a function's own variables?)")
+    return bound, None
+
+
+def _lift_without_loader(source: LoopSource | None, step_sites: Mapping[tuple[str, int], int],
+                         namespace: Mapping[str, Any], scopes: Mapping[tuple[str, int], LoopScope]) -> Lifted | None:
+    """A loop that makes its own batches (`xb, yb = get_batch('train')`, as nanoGPT and Karpathy's tutorials do),
+    found around the line that called the optimizer's step: its body, one iteration, becomes `profile_train_step()`
+    for %speedprobe. %dataprobe measures DataLoaders, so it gets no step; %batchprobe gets the wrapper to fill in,
+    since the profile cannot resize a batch it never saw. None when no such loop is in the profiled code."""
+    files = [source.filename] if source is not None else []
+    files += [file for (file, _), _ in sorted(step_sites.items(), key=lambda item: -item[1])]
+    for filename in dict.fromkeys(files):
+        tree = _parse(filename)
+        lines = {line for (file, line) in step_sites if file == filename}
+        loops = [node for node in ast.walk(tree) if isinstance(node, (ast.For, ast.While))
+                 and any(node.body[0].lineno <= line <= (node.body[-1].end_lineno or 0) for line in lines)] if tree \
+            else []
+        if loops:
+            break
+    else:
+        return None
+    loop = max(loops, key=lambda node: node.lineno)  # the innermost
+    statements = _without_stop_guards(loop.body)
+    why = _blocked(statements)
+    counter = counter_value = None
+    if isinstance(loop, ast.For):
+        iterable = loop.iter
+        if (isinstance(loop.target, ast.Name) and isinstance(iterable, ast.Call) and _name(iterable.func) == "range"
+                and not iterable.keywords):
+            # The counter goes on from call to call as the loop counted, round its range (`if iter % 50 == 0`).
+            counter, span = loop.target.id, ast.unparse(iterable)
+            counter_value = f"{span}[{TRAIN_STEP}.calls % len({span})]"
+        else:
+            why = why or (f"the loop at line {loop.lineno} takes each step's data from `{ast.unparse(iterable)}`, "
+                          "neither a DataLoader nor a counter")
+    if why is None and not any(_top_level_holds(statements, line) for line in lines):
+        why = ("the optimizer steps only on some of the loop's iterations (its step is under an `if`: gradient "
+               "accumulation without a DataLoader)")
+    if why is None:
+        site = next((site for site in scopes if site[0] == filename and site[1] in lines), None)
+        scope = scopes[site].visible(namespace) if site is not None else {}
+        # The counter's range is evaluated in the step too (`range(iterations)`, a function's argument).
+        seen = [*statements, ast.Expr(loop.iter)] if counter else statements
+        bound, why = _closed_over(seen, {counter} if counter else set(), scope, namespace)
+    if why is not None:
+        return Lifted(_loader_free_templates(why))
+    code = _train_step_code(loop, statements, counter, counter_value, namespace, list(bound))
+    steps = [ReadyStep("%speedprobe", TRAIN_STEP, f"%speedprobe {TRAIN_STEP}", code),
+             *_loader_free_templates(f"the loop at line {loop.lineno} makes its own batches, so the profile cannot "
+                                     "resize one")[1:]]
+    return Lifted(steps, [TRAIN_STEP], bound, factory_for=TRAIN_STEP)
+
+
+def _top_level_holds(statements: list[ast.stmt], line: int) -> bool:
+    """Whether `line` is in a statement of `statements` that runs on every iteration: a plain statement or a
+    `with` block, not under an `if` or an inner loop."""
+    for statement in statements:
+        if statement.lineno <= line <= (statement.end_lineno or statement.lineno):
+            if isinstance(statement, (ast.With, ast.AsyncWith)):
+                return _top_level_holds(statement.body, line)
+            return not isinstance(statement, (ast.If, ast.For, ast.While, ast.Try, ast.AsyncFor))
+    return False
+
+
+def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], counter: str | None,
+                     counter_value: str | None, namespace: Mapping[str, Any], bound: list[str]) -> str:
+    """`profile_train_step()`: one iteration of a loop that makes its own batches, returning its loss."""
+    body: list[ast.stmt] = [ast.Expr(ast.Constant(f"One iteration of the loop at line {loop.lineno}, which makes "
+                                                  "its own batch; returns its loss (lifted by %%gpuprofile)."))]
+    carried = _carried(statements) - ({counter} if counter else set())
+    shared = sorted(carried & set(namespace) - set(bound))
+    if shared:
+        body.append(ast.Global(names=shared))
+    nonlocal_names = sorted(carried & set(bound))
+    if nonlocal_names:
+        body.append(ast.Nonlocal(names=nonlocal_names))
+    if counter is not None and counter in _loaded(statements):
+        body.extend(ast.parse(f"{counter} = {counter_value}\n{TRAIN_STEP}.calls += 1").body)
+    lifted = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(statements)]
+    loss = _loss_name(statements)
+    lifted.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load()) if loss else None))
+    body.extend(lifted)
+    function = ast.FunctionDef(name=TRAIN_STEP, args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                                                                   kw_defaults=[], defaults=[]),
+                               body=body, decorator_list=[], returns=None, type_params=[], lineno=0)
+    if bound:
+        made = ast.parse(f"{TRAIN_STEP}.calls = 0\nreturn {TRAIN_STEP}").body
+        factory = ast.FunctionDef(
+            name=_FACTORY, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in bound],
+                                              kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[function, *made], decorator_list=[], returns=None, type_params=[], lineno=0)
+        return ast.unparse(ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))) + "\n"
+    text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[])))
+    return text + f"\n{TRAIN_STEP}.calls = 0\n"
+
+
+def _loader_free_templates(reason: str) -> list[ReadyStep]:
+    """For a loop with no DataLoader: no %dataprobe (it measures DataLoaders); the wrappers for the others."""
+    return [
+        ReadyStep("%speedprobe", None, "%speedprobe train_step",
+                  "def train_step():\n    # one training step: make a batch as the loop does, forward, loss, "
+                  "backward, optimizer step\n    ...\n    return loss\n", reason),
+        ReadyStep("%batchprobe", None, "%batchprobe sized_step",
+                  "def sized_step(batch_size):\n    # one training step on a batch of batch_size samples, made as "
+                  "the loop makes its batches\n    ...\n", reason),
+    ]
 
 
 def _carried(body: list[ast.stmt]) -> set[str]:
@@ -344,8 +463,8 @@ def define(lifted: Lifted, namespace: dict[str, Any]) -> None:
         filename = f"<%%gpuprofile {step.name}>"
         linecache.cache[filename] = (len(step.code), None, step.code.splitlines(True), filename)
         exec(compile(step.code, filename, "exec"), namespace)
-        if step.name == DATA_STEP and lifted.bound:
-            namespace[DATA_STEP] = namespace.pop(_FACTORY)(**lifted.bound)
+        if step.name == lifted.factory_for and lifted.bound:
+            namespace[step.name] = namespace.pop(_FACTORY)(**lifted.bound)
 
 
 def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], batch: Any) -> str | None:

@@ -95,6 +95,7 @@ def step_globals(step: Any, carried_only: bool = False) -> list[tuple[dict[str, 
             if inspect.isfunction(value) and value.__globals__ is namespace:
                 if depth < MAX_DEPTH:
                     pending.append((value, depth + 1))
+                found.setdefault((id(namespace), name), (namespace, name))  # for the counters it keeps on itself
                 continue
             found.setdefault((id(namespace), name), (namespace, name))
     return list(found.values())
@@ -117,6 +118,11 @@ class StepVariables:
             value = namespace.get(name, _ABSENT)
             if value is _ABSENT and whole_run:
                 continue
+            if inspect.isfunction(value):
+                counters = _counters(value) if value.__globals__ is namespace else None
+                if counters:
+                    entries.append((namespace, name, value, counters))
+                continue
             if value is not _ABSENT and (id(value) in skip or _not_a_variable(value)):
                 continue
             entries.append((namespace, name, value, _contents(value)))
@@ -132,8 +138,21 @@ class StepVariables:
                 namespace[name] = value
                 if contents is not None:
                     changed = _put_back(value, contents) or changed
-            if changed and name not in self.changed:
+            if changed and name not in self.changed and not isinstance(contents, _Counters):
                 self.changed.append(name)
+
+
+class _Counters(dict):
+    """The numbers a notebook function keeps on itself (`profile_step.calls`, the loop counter a lifted step
+    carries from call to call): put back so every configuration a probe measures starts its calls at the same count.
+    Without it a lifted nanoGPT loop ran its `if iter % eval_interval == 0` evaluation in the first baseline run
+    only, drew other random batches in the second, and was judged "not the same computation twice"."""
+
+
+def _counters(func: types.FunctionType) -> _Counters | None:
+    found = _Counters({key: value for key, value in vars(func).items()
+                       if isinstance(value, int | float) and not isinstance(value, bool)})
+    return found or None
 
 
 def _not_a_variable(value: Any) -> bool:
@@ -154,6 +173,11 @@ def _contents(value: Any) -> Any:
 
 def _put_back(value: Any, contents: Any) -> bool:
     """Puts the contents back in place; whether they had changed."""
+    if isinstance(contents, _Counters):
+        changed = any(getattr(value, key, None) != number for key, number in contents.items())
+        for key, number in contents.items():
+            setattr(value, key, number)
+        return changed
     if isinstance(value, dict):
         if list(value) == list(contents) and all(value[key] is item for key, item in contents.items()):
             return False

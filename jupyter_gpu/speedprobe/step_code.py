@@ -65,7 +65,19 @@ def forward_code(step: Callable[..., Any], models: tuple[str, ...], forward_only
     backward = next((i for i in range(first, len(body)) if _backward_of(body[i]) is not None), None)
     if backward is None or backward == first:
         return None  # the backward inside a block, or `criterion(net(x), y).backward()` in one line
-    return _code(source, body[first:backward], _backward_of(body[backward]), channels_last)
+    block = body[first:backward]
+    loss = _backward_of(body[backward])
+    # The block ends where the loss is made: `optimizer.zero_grad()` between it and the backward stays outside.
+    base = next((node.id for node in ast.walk(ast.parse(loss, mode="eval")) if isinstance(node, ast.Name)), None) \
+        if loss else None
+    makes_loss = [i for i, statement in enumerate(block) if base in _assigned(statement)]
+    if makes_loss:
+        block = block[:makes_loss[-1] + 1]
+    return _code(source, block, loss, channels_last)
+
+
+def _assigned(statement: ast.stmt) -> set[str]:
+    return {node.id for node in ast.walk(statement) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
 
 
 def _channels_last_line(source: str, statement: ast.stmt, call: ast.Call | None,

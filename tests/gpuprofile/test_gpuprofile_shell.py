@@ -11,6 +11,7 @@ import importlib.util
 import math
 import multiprocessing
 import re
+import textwrap
 import time
 
 import pytest
@@ -911,3 +912,61 @@ for x, y in loader:
     assert (ns["global_step"], ns["logs"]) == (0, [])
     ip.run_cell(cell.replace("-o -q", "-q --keep")).raise_error()
     assert ns["global_step"] >= 5 and len(ns["logs"]) == ns["global_step"]
+
+
+GET_BATCH = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+data = torch.randn(4096, 16)
+targets = torch.randint(0, 4, (4096,))
+def get_batch(size=32):
+    ix = torch.randint(len(data), (size,))
+    return data[ix], targets[ix]
+@torch.no_grad()
+def estimate_loss():
+    xb, yb = get_batch(256)
+    return nn.functional.cross_entropy(model(xb), yb).item()
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 4))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
+
+NANO_LOOP = """for it in range(200):
+    if it % 50 == 0:
+        print(f"step {it}: val loss {estimate_loss():.4f}")
+    xb, yb = get_batch()
+    logits = model(xb)
+    loss = nn.functional.cross_entropy(logits, yb)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_loop_that_makes_its_own_batches_gets_a_train_step_that_speedprobe_can_repeat(ip) -> None:
+    # nanoGPT's shape: no DataLoader, `xb, yb = get_batch()` draws random rows, an evaluation every 50 iterations.
+    ip.run_cell(GET_BATCH).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 4 --warmup 1\n" + NANO_LOOP).result
+    ready = {r.probe: r for r in result.ready_steps}
+    assert set(ready) == {"%speedprobe", "%batchprobe"}  # %dataprobe measures DataLoaders: there is none
+    assert ready["%speedprobe"].name == "profile_train_step" and callable(ip.user_ns["profile_train_step"])
+    assert ready["%batchprobe"].name is None and "makes its own batches" in ready["%batchprobe"].reason
+    assert "profile_batch" not in ip.user_ns
+    assert any(item.command == "%speedprobe profile_train_step" for item in result.plan)
+    probe = ip.run_cell("%speedprobe profile_train_step --try amp-bf16 --steps 3 -o -q").result
+    # The same batches in every configuration: the step's call counter starts at the same count each time.
+    assert probe.repeatability == 0
+    assert probe.option("amp-bf16").agreement.loss_drift is not None  # the step returns its loss
+    assert adopt_lines(("amp-bf16",), probe.code_context)[1:] == ["    logits = model(xb)",
+                                                                   "    loss = nn.functional.cross_entropy(logits, yb)"]
+
+
+def test_a_loop_without_a_dataloader_inside_a_function_or_stepping_every_few_iterations(ip) -> None:
+    ip.run_cell(GET_BATCH + "def train(iterations=200):\n" + textwrap.indent(
+        NANO_LOOP.replace("range(200)", "range(iterations)"), "    ")).raise_error()
+    result = ip.run_line_magic("gpuprofile", "-o -q --steps 3 --warmup 1 train()")
+    assert result.ready_steps[0].name == "profile_train_step"
+    ip.user_ns["profile_train_step"]()  # closes over the function's `iterations`
+    accumulating = NANO_LOOP.replace("    optimizer.step()\n", "    if it % 2 == 1:\n        optimizer.step()\n")
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\n" + accumulating).result
+    assert result.ready_steps[0].name is None and "gradient accumulation" in result.ready_steps[0].reason
