@@ -423,18 +423,25 @@ def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], coun
     loss = _loss_name(statements)
     lifted.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load()) if loss else None))
     body.extend(lifted)
-    function = ast.FunctionDef(name=TRAIN_STEP, args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
-                                                                   kw_defaults=[], defaults=[]),
-                               body=body, decorator_list=[], returns=None, type_params=[], lineno=0)
+    return _step_source(TRAIN_STEP, [], body, bound)
+
+
+def _step_source(name: str, parameters: list[str], body: list[ast.stmt], bound: list[str]) -> str:
+    """The step function's source, with its call counter set to 0; for a loop inside a function, a factory that
+    takes the function's variables the body uses (define() calls it with them) and returns the step."""
+    function = ast.FunctionDef(
+        name=name, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=p) for p in parameters], kwonlyargs=[],
+                                      kw_defaults=[], defaults=[]),
+        body=body, decorator_list=[], returns=None, type_params=[], lineno=0)
     if bound:
-        made = ast.parse(f"{TRAIN_STEP}.calls = 0\nreturn {TRAIN_STEP}").body
+        made = ast.parse(f"{name}.calls = 0\nreturn {name}").body
         factory = ast.FunctionDef(
-            name=_FACTORY, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in bound],
+            name=_FACTORY, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=b) for b in bound],
                                               kwonlyargs=[], kw_defaults=[], defaults=[]),
             body=[function, *made], decorator_list=[], returns=None, type_params=[], lineno=0)
         return ast.unparse(ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))) + "\n"
     text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[])))
-    return text + f"\n{TRAIN_STEP}.calls = 0\n"
+    return text + f"\n{name}.calls = 0\n"
 
 
 def _loader_free_templates(reason: str) -> list[ReadyStep]:
@@ -499,23 +506,9 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
     if loop.contexts:
         statements = [ast.With(items=copy.deepcopy(loop.contexts), body=statements, lineno=0)]
     body.extend(statements)
-    function = ast.FunctionDef(
-        name=DATA_STEP, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=parameter)], kwonlyargs=[],
-                                           kw_defaults=[], defaults=[]),
-        body=body, decorator_list=[], returns=None, type_params=[], lineno=0)
     docstring = ast.Expr(ast.Constant(f"The loop body at line {loop.line}, one batch as the loader yields it "
                                       "(lifted by %%gpuprofile)."))
-    function.body.insert(0, docstring)
-    if bound:
-        # The function's variables the body uses become the factory's parameters: define() calls it with them.
-        calls = ast.parse(f"{DATA_STEP}.calls = 0\nreturn {DATA_STEP}").body
-        factory = ast.FunctionDef(
-            name=_FACTORY, args=ast.arguments(posonlyargs=[], args=[ast.arg(arg=name) for name in bound],
-                                              kwonlyargs=[], kw_defaults=[], defaults=[]),
-            body=[function, *calls], decorator_list=[], returns=None, type_params=[], lineno=0)
-        return ast.unparse(ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))) + "\n"
-    text = ast.unparse(ast.fix_missing_locations(ast.Module(body=[function], type_ignores=[])))
-    return text + f"\n{DATA_STEP}.calls = 0\n"
+    return _step_source(DATA_STEP, [parameter], [docstring, *body], bound)
 
 
 def _lifted(loader: str, line: int, accumulation: int, data_code: str
