@@ -463,10 +463,13 @@ class _Probe:
         conv_line = conv_tf32_line(self.setting.torch) if self.setting.device_type == "cuda" else None
         clips = any(run is not None and run.scaling is not None and run.scaling.unscaled_for_clipping
                     for _, _, run in self.single_runs)
+        try:
+            forward = forward_code(self.step, model_names, self.setting.forward_only)
+        except Exception:  # source the reader did not foresee: the template says the same, in general words
+            forward = None
         return CodeContext(device_type=self.setting.device_type, models=model_names, optimizers=optimizers,
                            conv_tf32_line=conv_line, unscale_before_clipping=clips,
-                           forward_only=self.setting.forward_only,
-                           forward=forward_code(self.step, model_names, self.setting.forward_only))
+                           forward_only=self.setting.forward_only, forward=forward)
 
 
 def _parameters_expression(optimizer: Any, models: list[Any], labels: dict[int, str]) -> str | None:
