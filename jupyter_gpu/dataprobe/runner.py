@@ -8,8 +8,10 @@ class under spawn, CUDA under fork, a small /dev/shm) is named and skipped inste
 
 from __future__ import annotations
 
+import collections
 import gc
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,8 +131,12 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     probe = _Probe(torch, recipe, target, restore, request, progress or _silent, loader, loader_name, context)
     memory_before = _cuda_allocated(torch)
     restarted: list[str] = []
+    caught: list[warnings.WarningMessage] = []
     try:
-        with restarting_schedules(objects.schedulers) as restarted:
+        # Each loader the probe builds warns as the user's did (on a CPU machine, `pin_memory=True` warned four
+        # times in one probe, above its report): kept, and named once each in the notes.
+        with restarting_schedules(objects.schedulers) as restarted, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             probe.run()
     finally:
         probe.ticker.stop()
@@ -138,6 +144,7 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         (progress or _silent)("")
         gc.collect()  # the fresh loaders and their batches go now, not at some later collection
     probe.notes += [restarted_note(name) for name in restarted]
+    probe.notes += _warning_notes(caught)
     printed = target.output.note(step_name or "the step") if target is not None else None
     if printed is not None:
         probe.notes.append(printed)
@@ -147,6 +154,12 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
                            "before the probe: something the step created is still referenced.")
     restored = [*objects.names(), *snapshot.changed_variables, "RNG", "sampler"]
     return probe.result(loader_name, step_name if step is not None else None, restored)
+
+
+def _warning_notes(caught: list[warnings.WarningMessage]) -> list[str]:
+    counts = collections.Counter(f"{w.category.__name__}: {w.message}" for w in caught)
+    return [f"warned while the probe ran{f' ({count} times)' if count > 1 else ''}: {text}"
+            for text, count in counts.items()]
 
 
 def _cuda_allocated(torch: Any) -> int | None:

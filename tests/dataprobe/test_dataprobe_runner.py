@@ -351,3 +351,13 @@ def test_a_dataset_of_large_python_lists_shows_copy_on_read_and_worker_memory():
     with_workers = [trial for trial in result.trials if trial.settings.num_workers]
     assert with_workers and all(trial.worker_memory.private_bytes is not None for trial in with_workers)
     assert "private" in str(result)  # the table shows each worker's own memory, where copy-on-read grows
+
+
+def test_a_warning_each_loader_it_builds_repeats_is_one_note_not_a_stream_above_the_report(recwarn):
+    # On a machine without an accelerator torch warns at every iterator of a loader with pin_memory=True: the
+    # probe builds several, and the report came under four copies of the same warning.
+    loader = DataLoader(SleepyDataset(512, item_seconds=0.0), batch_size=16, num_workers=1, pin_memory=True)
+    result = probe(loader, workers=(1, 2), seconds=3.0)
+    assert not [w for w in recwarn.list if "pin_memory" in str(w.message)]
+    [note] = [note for note in result.notes if "pin_memory" in note]
+    assert note.startswith("warned while the probe ran (") and "UserWarning: 'pin_memory' argument" in note
