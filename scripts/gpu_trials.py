@@ -8,7 +8,9 @@ scripts/gpu-check.sh): `%%gpuprofile` on each, then the probe commands its repor
   that need no edit, applied and the loop re-run: on the H200 its `%speedprobe` found channels_last 1.23x);
 - a small transformer encoder with AdamW, dict batches, bf16 autocast, gradient accumulation over 2 micro-batches,
   `clip_grad_norm_` and a cosine schedule;
-- an MLP with Adam in a `train_one_epoch()` function, under the line form `%gpuprofile train_one_epoch()`.
+- an MLP with Adam in a `train_one_epoch()` function, under the line form `%gpuprofile train_one_epoch()`;
+- nanoGPT's shape: no DataLoader, `xb, yb = get_batch()` from a token stream on the device, an evaluation every 100
+  iterations, then `%speedprobe profile_train_step` on the step the profile lifted from it.
 
 Each report is shown whole as the cell's Out[n] (the log keeps it); the JSON record (gpu_magics.py's format)
 keeps its first lines. Without a GPU the loops run on the CPU, smaller, to rehearse this script; the record says so.
@@ -136,6 +138,55 @@ def train_one_epoch():
     return correct / total
 """
 
+# nanoGPT's shape: no DataLoader, random windows of a token stream on the device, an evaluation every 100 iterations
+# under no_grad, the model returning (logits, loss), AdamW.
+NANO = """
+torch.manual_seed(0)
+block, vocab = 64, 96
+stream = torch.randint(0, vocab, (200_000 // SCALE,), device=device)  # not `tokens`: the transformer's loop sets it
+
+class TinyGPT(nn.Module):
+    def __init__(self, width=256, layers=4):
+        super().__init__()
+        self.embed, self.position = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer("causal", nn.Transformer.generate_square_subsequent_mask(block), persistent=False)
+    def forward(self, idx, targets=None):
+        x = self.embed(idx) + self.position(torch.arange(idx.shape[1], device=idx.device))
+        logits = self.head(self.blocks(x, mask=self.causal, is_causal=True))
+        loss = None if targets is None else nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+def get_batch(batch_size=64):
+    ix = torch.randint(len(stream) - block - 1, (batch_size,), device=device)
+    x = torch.stack([stream[i:i + block] for i in ix.tolist()])
+    y = torch.stack([stream[i + 1:i + block + 1] for i in ix.tolist()])
+    return x, y
+
+@torch.no_grad()
+def estimate_loss():
+    gpt.eval()
+    losses = [gpt(*get_batch())[1].item() for _ in range(5)]
+    gpt.train()
+    return sum(losses) / len(losses)
+
+gpt = TinyGPT().to(device)
+gpt_optimizer = torch.optim.AdamW(gpt.parameters(), lr=3e-4)
+"""
+
+NANO_LOOP = """%%gpuprofile --steps 20 --warmup 5 -o -q
+for it in range(300):
+    if it % 100 == 0:
+        print(f"step {it}: val loss {estimate_loss():.4f}")
+    xb, yb = get_batch()
+    logits, loss = gpt(xb, yb)
+    gpt_optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    gpt_optimizer.step()
+"""
+
 
 def whole_text(value: Any) -> tuple[str, list[str]]:
     """Records a report's first lines (the shell has shown it whole as Out[n], and the log keeps it)."""
@@ -157,7 +208,7 @@ def run(out: Path, limit: int) -> int:
     else:
         session.report.update(device="cpu", note="no GPU: the loops ran on the CPU, smaller, to rehearse this script")
     session.save()
-    for setup in (SETUP, RESNET, TRANSFORMER, MLP_SETUP):
+    for setup in (SETUP, RESNET, TRANSFORMER, MLP_SETUP, NANO):
         _, error, _, _ = session.cell(setup)
         if error is not None:
             session.report["note"] = f"a setup cell failed: {type(error).__name__}: {error}"
@@ -174,6 +225,10 @@ def run(out: Path, limit: int) -> int:
                   describe=whole_text)
     session.magic("transformer %%gpuprofile", TRANSFORMER_LOOP, describe=whole_text)
     session.magic("mlp %gpuprofile", "%gpuprofile -o -q --steps 20 --warmup 5 train_one_epoch()", describe=whole_text)
+    # A loop without a DataLoader: lifted around its optimizer step, and its step repeatable for %speedprobe.
+    session.magic("nanogpt %%gpuprofile", NANO_LOOP, describe=whole_text)
+    session.magic("nanogpt %speedprobe",
+                  "%speedprobe profile_train_step --steps 6 --try amp-bf16,fused-optimizer -o -q", describe=whole_text)
     return session.exit_code()
 
 

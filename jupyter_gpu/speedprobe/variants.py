@@ -259,7 +259,11 @@ def _amp(dtype_name: str) -> Callable[[Applied], None]:
         torch = applied.setting.torch
         device_type = applied.setting.device_type
         dtype = getattr(torch, dtype_name)
-        applied.around_call.append(lambda: torch.autocast(device_type, dtype=dtype))
+        # Without its weight cache: autocast runs around the whole step, and a step that evaluates under no_grad
+        # before it trains (nanoGPT's `estimate_loss()` every N iterations) cached weight casts made without autograd
+        # history, which the training forward then reused: 12 of a small GPT's weights got no gradient, and correct
+        # bf16 was called "faster but wrong". Each weight is cast once per forward either way.
+        applied.around_call.append(lambda: torch.autocast(device_type, dtype=dtype, cache_enabled=False))
         if dtype_name == "float16" and not applied.setting.forward_only:  # no gradients, nothing to scale
             _add_grad_scaler(applied)
     return apply_amp

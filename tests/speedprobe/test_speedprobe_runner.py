@@ -480,3 +480,44 @@ def test_a_gan_step_calling_its_generator_twice_for_two_optimizers_is_one_batch(
     namespace = {"G": generator, "D": critic, "opt_g": opt_g, "opt_d": opt_d}
     result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace=namespace)
     assert result.batch_size == 32 and result.batches_per_step == 1
+
+
+def test_bf16_on_a_step_that_evaluates_under_no_grad_before_it_trains_gets_every_gradient() -> None:
+    # nanoGPT's loop evaluates every N iterations inside the loop body. With autocast around the whole step and its
+    # weight cache on, the evaluation's casts (made under no_grad, without autograd history) were reused by the
+    # training forward: 12 of this GPT's attention and feed-forward parameters got no gradient, the first update
+    # was 0.68 times the baseline's, and correct bf16 was called "faster but wrong".
+    torch.manual_seed(0)
+    block, vocab, width = 64, 96, 128
+    layer = nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.1, batch_first=True, norm_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    embed, head = nn.Embedding(vocab, width), nn.Linear(width, vocab)
+    causal = nn.Transformer.generate_square_subsequent_mask(block)
+    parameters = [*embed.parameters(), *encoder.parameters(), *head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=3e-4)
+    stream = torch.randint(0, vocab, (50_000,))
+
+    def gpt(idx: torch.Tensor) -> torch.Tensor:
+        return head(encoder(embed(idx), mask=causal, is_causal=True))
+
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        ix = torch.randint(len(stream) - block - 1, (16,)).tolist()
+        return (torch.stack([stream[i:i + block] for i in ix]), torch.stack([stream[i + 1:i + block + 1] for i in ix]))
+
+    def train_step() -> torch.Tensor:
+        encoder.eval()
+        with torch.no_grad():
+            gpt(batch()[0])  # the loop's estimate_loss()
+        encoder.train()
+        xb, yb = batch()
+        loss = nn.functional.cross_entropy(gpt(xb).flatten(0, 1), yb.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    namespace = {"embed": embed, "encoder": encoder, "head": head, "optimizer": optimizer}
+    result = probe_speed(train_step, options=("amp-bf16",), steps=3, namespace=namespace)
+    agreement = result.option("amp-bf16").agreement
+    assert agreement.agrees is True, agreement.failure
+    assert 0.9 < agreement.update_scale < 1.1
