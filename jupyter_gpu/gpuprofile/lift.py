@@ -410,13 +410,7 @@ def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], coun
     """`profile_train_step()`: one iteration of a loop that makes its own batches, returning its loss."""
     body: list[ast.stmt] = [ast.Expr(ast.Constant(f"One iteration of the loop at line {loop.lineno}, which makes "
                                                   "its own batch; returns its loss (lifted by %%gpuprofile)."))]
-    carried = _carried(statements) - ({counter} if counter else set())
-    shared = sorted(carried & set(namespace) - set(bound))
-    if shared:
-        body.append(ast.Global(names=shared))
-    nonlocal_names = sorted(carried & set(bound))
-    if nonlocal_names:
-        body.append(ast.Nonlocal(names=nonlocal_names))
+    body.extend(_carried_declarations(_carried(statements) - ({counter} if counter else set()), namespace, bound))
     if counter is not None and counter in _loaded(statements):
         body.extend(ast.parse(f"{counter} = {counter_value}\n{TRAIN_STEP}.calls += 1").body)
     lifted = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(statements)]
@@ -424,6 +418,19 @@ def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], coun
     lifted.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load()) if loss else None))
     body.extend(lifted)
     return _step_source(TRAIN_STEP, [], body, bound)
+
+
+def _carried_declarations(carried: set[str], namespace: Mapping[str, Any], bound: list[str]) -> list[ast.stmt]:
+    """`global` for the names the body carries that are the notebook's, `nonlocal` for those the factory closes
+    over (a function's own variables), so the step updates them where the loop did."""
+    declarations: list[ast.stmt] = []
+    shared = sorted(carried & set(namespace) - set(bound))
+    if shared:
+        declarations.append(ast.Global(names=shared))
+    nonlocal_names = sorted(carried & set(bound))
+    if nonlocal_names:
+        declarations.append(ast.Nonlocal(names=nonlocal_names))
+    return declarations
 
 
 def _step_source(name: str, parameters: list[str], body: list[ast.stmt], bound: list[str]) -> str:
@@ -486,12 +493,7 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
     # Names the body both reads and assigns (running_loss += ...) are the notebook's, as in the loop; or, for a
     # loop inside a function, that function's (closed over by the factory below).
     carried = _carried(loop.statements) - _stored(target) - ({counter} if counter else set())
-    shared = sorted(carried & set(namespace) - set(bound))
-    if shared:
-        body.append(ast.Global(names=shared))
-    nonlocal_names = sorted(carried & set(bound))
-    if nonlocal_names:
-        body.append(ast.Nonlocal(names=nonlocal_names))
+    body.extend(_carried_declarations(carried, namespace, bound))
     parameter = target.id if isinstance(target, ast.Name) else "batch"
     if not isinstance(target, ast.Name):
         body.append(ast.Assign(targets=[target], value=ast.Name(id="batch", ctx=ast.Load()), lineno=0))
