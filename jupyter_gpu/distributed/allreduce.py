@@ -287,6 +287,14 @@ def _events(children: _Children, stream: queue.Queue[str | None], deadline: floa
             yield record
 
 
+def _blame_order(code: int | None) -> int:
+    """How likely a rank's exit is the cause rather than a consequence: killed by a signal from outside or by its
+    own crash (0), aborted after a peer went away (1), exited (2)."""
+    if code is not None and code < 0:
+        return 1 if -code == signal.SIGABRT else 0
+    return 2
+
+
 def _run_ranks(python: str, base_env: Mapping[str, str], plan: dict[str, Any], world: int, deadline: float,
                timeout_s: float, peak: LinkPeak | None,
                progress: Progress) -> tuple[list[str], list[SizeResult], float]:
@@ -301,8 +309,10 @@ def _run_ranks(python: str, base_env: Mapping[str, str], plan: dict[str, Any], w
     launched = time.monotonic()
 
     def failure(failed: list[int]) -> AllReduceError:
-        # The rank a signal killed, else the lowest: the others usually only report that their peer went away.
-        first = min(failed, key=lambda index: (children.processes[index].returncode or 0) >= 0)
+        # The rank a signal killed, else the lowest: the others usually only report that their peer went away. An
+        # abort counts last among signals: a gloo rank whose peer was killed aborts itself ("terminate called
+        # without an active exception"), and a clean clone's CI once named that rank 0 instead of the killed rank 1.
+        first = min(failed, key=lambda index: _blame_order(children.processes[index].returncode))
         others = "".join(f"\n(rank {index} {children.exit_text(index)} too)" for index in failed if index != first)
         hint = f"\n{NCCL_DEBUG_HINT}" if backend == "nccl" else ""
         return AllReduceError(f"Rank {first} of {world} ({backend}) {children.exit_text(first)} {where[0]}; its last "

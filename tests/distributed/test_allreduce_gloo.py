@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 from processes import child_pids
 
-from jupyter_gpu.distributed.allreduce import AllReduceError, run_allreduce
+from jupyter_gpu.distributed.allreduce import AllReduceError, _blame_order, run_allreduce
 from jupyter_gpu.distributed.collective import KIB, MIB
 from jupyter_gpu.distributed.links import nvlink_peak
 
@@ -103,3 +105,14 @@ def test_plans_that_cannot_run_are_value_errors_before_anything_starts(no_proces
         run_allreduce(backend="gloo", processes=0, sizes=SIZES)
     with pytest.raises(ValueError, match="sizes must be one or more positive"):
         run_allreduce(backend="gloo", sizes=[])
+
+
+def test_the_rank_named_first_is_the_one_killed_not_the_one_that_aborted_after_it():
+    # A gloo rank whose peer was killed aborts itself ("terminate called without an active exception"); in a clean
+    # clone's CI both exits were seen together and the aborted rank 0 was named instead of the killed rank 1.
+    codes = {}
+    for name, code in (("exited", "raise SystemExit(1)"), ("aborted", "import os; os.abort()"),
+                       ("killed", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")):
+        codes[name] = subprocess.run([sys.executable, "-c", code], capture_output=True).returncode
+    assert codes["aborted"] == -signal.SIGABRT and codes["killed"] == -signal.SIGKILL
+    assert sorted(codes, key=lambda name: _blame_order(codes[name])) == ["killed", "aborted", "exited"]
