@@ -239,6 +239,14 @@ class _Probe:
         self.put_back()
         self.sensitivity[format_name] = relative_difference(self._compared(rounded), self._compared(first))
         self.rounded_drift[format_name] = decide.loss_drift(rounded.losses[:steps], first.losses[:steps])[0]
+        if format_name == FP32 and self.sensitivity[format_name] is not None:
+            # How many ReLUs or signs a perturbation this small flips is chance (0 or 3 of a million): one draw
+            # called correct channels_last wrong once in 72 CPU cases, the larger of two in none.
+            again = self.runner.rounded_run(format_name, steps, draw=1)
+            self.put_back()
+            second = relative_difference(self._compared(again), self._compared(first))
+            if second is not None:
+                self.sensitivity[format_name] = max(self.sensitivity[format_name], second)
 
     @property
     def compared(self) -> str:

@@ -26,6 +26,8 @@ from jupyter_gpu.speedprobe.flags import enable_tf32, tf32_enabled
 _CONV_2D = ("Conv2d", "ConvTranspose2d", "LazyConv2d", "LazyConvTranspose2d")
 _CUDNN_MODULES = ("Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
                   "RNN", "LSTM", "GRU")
+# oneDNN's channel block per torch CPU capability: input channels in floats per vector register (AVX-512: 16, AVX2: 8).
+_ONEDNN_CHANNEL_BLOCK = {"AVX512": 16, "AVX2": 8}
 _DROPOUT_MODULES = ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "FeatureAlphaDropout")
 _REDUCED_DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 _MISSING = object()
@@ -128,7 +130,7 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return "the model has no 2-D convolutions (channels_last is a layout for 4-D image tensors)"
         if _all_channels_last(torch, modules):
             return "the model's 4-D weights are already channels_last"
-        return None
+        return _onednn_1x1_strided_backward(setting)
     if name == "fused-optimizer":
         if setting.forward_only:
             return "the step runs no optimizer step (it trains nothing: evaluation or inference)"
@@ -151,6 +153,34 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return f"reduce-overhead records CUDA graphs; this step runs on {setting.device}"
         return None
     raise ValueError(f"unknown option {name!r}")
+
+
+def _onednn_1x1_strided_backward(setting: StepSetting) -> str | None:
+    """Why channels_last must not be tried on this CPU step, or None. oneDNN's x86 backward of a 1x1 convolution with
+    a stride, in channels_last, with fewer input channels than its vector block (16 floats on AVX-512, 8 on AVX2)
+    writes past its buffer: oneDNN issue #6035 (open). Here (torch 2.13, AVX-512) Conv2d(8, 16, 1, stride=2) on 64x64
+    images killed the process with SIGSEGV, and the issue reports hangs and wrong weight gradients on AVX2. A
+    ResNet's downsampling shortcut on narrow stages is that convolution."""
+    torch = setting.torch
+    if setting.device_type != "cpu" or setting.forward_only:
+        return None
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return None
+    capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)  # torch 2.2 and newer
+    block = _ONEDNN_CHANNEL_BLOCK.get(capability()) if capability is not None else None
+    if block is None:
+        return None
+    for model in setting.objects.modules:
+        for name, sub in model.named_modules():
+            if (type(sub).__name__ in ("Conv2d", "LazyConv2d") and tuple(sub.kernel_size) == (1, 1)
+                    and tuple(sub.stride) != (1, 1) and sub.weight.requires_grad
+                    and sub.in_channels // sub.groups < block):
+                where = f"`{name}`, " if name else ""
+                return (f"on this CPU, oneDNN's backward of a 1x1 convolution with a stride and fewer than {block} "
+                        f"input channels ({where}{sub.in_channels // sub.groups}) writes past its buffer in "
+                        "channels_last: the kernel's process crashes (segmentation fault) or hangs, or the weight "
+                        "gradients come out wrong (oneDNN issue #6035)")
+    return None
 
 
 def _all_channels_last(torch: Any, modules: list[Any]) -> bool:

@@ -13,6 +13,7 @@ from torch import nn
 from training_steps import (
     Training,
     assert_same_state,
+    bench_models,
     convnet_with_sgd,
     mlp_with_adam,
     overflowing_in_fp16,
@@ -280,6 +281,49 @@ def test_channels_last_with_a_fused_optimizer_after_training_agrees() -> None:
     assert relative_difference(both.update, baseline.update) < 1e-3
     assert all(trial.agrees for trial in result.options)
     assert_same_state(before, state_of(training))
+
+
+ONEDNN_BLOCK = {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability())
+
+
+@pytest.mark.skipif(ONEDNN_BLOCK is None or not torch.backends.mkldnn.is_available(),
+                    reason="oneDNN's x86 1x1 kernels are not what this CPU runs")
+def test_channels_last_is_not_tried_where_onednn_would_crash_the_kernel() -> None:
+    # A ResNet's narrow stage downsamples through Conv2d(8, 16, 1, stride=2): in channels_last its weight gradient
+    # made torch 2.13 kill the process with SIGSEGV on 64x64 images (oneDNN issue #6035), here and in a notebook.
+    from jupyter_gpu.probekit.training_state import find_training_objects
+    from jupyter_gpu.speedprobe.variants import StepSetting, why_not
+
+    torch.manual_seed(0)
+    model = bench_models().ResNet(widths=(8, 16, 32))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    images, labels = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
+
+    def train_step():
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    namespace = {"model": model, "optimizer": optimizer}
+    result = probe_speed(train_step, options=("channels-last",), steps=2, namespace=namespace)
+    skipped = result.option("channels-last").skipped
+    assert skipped is not None and "oneDNN issue #6035" in skipped and "`blocks.2.shortcut.0`, 8" in skipped
+    assert f"fewer than {ONEDNN_BLOCK} input channels" in skipped
+
+    setting = StepSetting(torch, find_training_objects(namespace, train_step), torch.device("cpu"))
+    setting.forward_only = True  # evaluation computes no weight gradient
+    assert why_not("channels-last", setting) is None
+    setting.forward_only = False
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d) and module.kernel_size == (1, 1):
+            module.weight.requires_grad_(False)  # frozen shortcuts: no weight gradient either
+    assert why_not("channels-last", setting) is None
+    wide = bench_models().ResNet(widths=(16, 32, 64))  # 1x1 strided convolutions with 16 and 32 input channels
+    setting = StepSetting(torch, find_training_objects({"model": wide, "optimizer": optimizer}, train_step),
+                          torch.device("cpu"))
+    assert why_not("channels-last", setting) is None
 
 
 def test_the_code_to_adopt_names_every_optimizer_with_the_model_it_updates() -> None:
