@@ -49,10 +49,10 @@ from tests.fixtures.known_cost_loop import SETUP as KNOWN_SETUP
 from tests.fixtures.known_cost_loop import SYNC_LINE
 
 COMMON = """
-import time, torch
+import time, torch, types
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-truth = {}
+truth = types.SimpleNamespace()
 step_ends = []
 """
 
@@ -221,14 +221,14 @@ def profile_tables(ip, args: argparse.Namespace) -> None:
     for name, setup in SETUPS.items():
         ip.run_cell(setup).raise_error()
         plain, _ = run_plain(ip, name, args.steps, args.warmup, profiler=False)
-        for kind in ip.user_ns["truth"]:
-            ip.user_ns["truth"][kind].clear()
+        for values in vars(ip.user_ns["truth"]).values():
+            values.clear()
         began = time.perf_counter()
         run = ip.run_cell(f"%%gpuprofile -o -q --steps {args.steps} --warmup {args.warmup}\n" + LOOPS[name])
         run.raise_error()
         whole = time.perf_counter() - began
         result = run.result
-        truth = {kind: list(values) for kind, values in ip.user_ns["truth"].items()}
+        truth = {kind: list(values) for kind, values in vars(ip.user_ns["truth"]).items()}
         traced, table_seconds = run_plain(ip, name, args.steps, args.warmup, profiler=True)
         hooks = hooks_cost(ip, name, args.steps, args.warmup)
         plain_median, traced_median = statistics.median(plain), statistics.median(traced)

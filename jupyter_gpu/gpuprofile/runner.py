@@ -27,6 +27,7 @@ from jupyter_gpu.gpuprofile.result import (
     ProfileResult,
 )
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.saved_files import SavedFiles
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 
@@ -101,6 +102,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
     snapshot = None if request.keep else StateSnapshot.take(objects, code, whole_run=True)
+    saves = None if request.keep else SavedFiles(torch)
     flags = GlobalFlags.take(torch)
     cuda_before = cuda_initialized(torch)
     if cuda_before:
@@ -120,7 +122,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
             # Our global module hooks make torch warn at every call of a torch.compile'd model that they fire for
             # its wrapper too: they are ours, counted once (the outermost call), and traced as no-ops inside.
             warnings.filterwarnings("ignore", message=_COMPILED_MODULE_HOOKS_WARNING, category=UserWarning)
-            value = run()
+            with saves if saves is not None else contextlib.nullcontext():
+                value = run()
         instruments.finish()
     except StopProfile as stop:
         # The loop's frames hold its DataLoader iterator: clearing them shuts the workers down now.
@@ -150,6 +153,11 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     if put_back:
         result.notes.append(f"{', '.join(put_back)}: notebook variables the cell changed, put back as they were with "
                             "the training state (--keep keeps what the steps did).")
+    if saves is not None and saves.restored:
+        result.notes.append(f"{', '.join(saves.restored)}: written by the cell's torch.save and put back as before "
+                            "(the old file, or no file where there was none); --keep keeps what the steps wrote.")
+    if saves is not None and saves.failed:
+        result.notes.append(f"could not be put back after the cell's torch.save: {'; '.join(saves.failed)}.")
     if created and not request.keep:
         result.notes.append(f"{', '.join(created)}: made by the cell itself, so they keep the steps it ran (only "
                             "what existed before the cell is put back).")

@@ -9,7 +9,9 @@ Probe layer. What counts as the step's variables: the globals its code names (`c
 down (a ready step calls the lifted loop body). Training objects are left to `StateSnapshot`'s other parts, and
 functions, classes and modules are not variables. Kept: the binding of each (so a rebinding is undone, and a name
 the step created is removed again); the contents of a list, dict, set, deque or bytearray (put back in place, so
-every other reference sees them too); a copy of a small tensor that requires no gradient (put back in place).
+every other reference sees them too), and so for the containers inside them, three levels down (`history =
+{"train": [], "val": []}` grows through `history["train"].append(...)`); a copy of a small tensor that requires no
+gradient (put back in place).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import functools
 import inspect
 import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpu.kernel_torch import loaded_torch
 
 MAX_DEPTH = 2              # the step, the functions it calls, and theirs
 MAX_TENSOR_ELEMENTS = 1 << 20  # a counter or a running sum, not a dataset: larger tensors are the user's data
+MAX_NESTING = 3            # containers inside containers kept: a history dict of lists, a list of per-epoch dicts
 _ABSENT = object()
 _CONTAINERS = (list, dict, set, collections.deque, bytearray)
 
@@ -161,9 +165,50 @@ def _not_a_variable(value: Any) -> bool:
             or isinstance(value, functools.partial))
 
 
+@dataclass
+class _Container:
+    """A container's items as they were (a dict's as a dict, the others' as a list), and the same for the containers
+    among them, each put back in place too."""
+
+    items: Any
+    inner: list[tuple[Any, _Container]]
+
+
+def _container(value: Any, depth: int, seen: set[int]) -> _Container:
+    seen.add(id(value))
+    items = dict(value) if isinstance(value, dict) else list(value)
+    inner = []
+    if depth < MAX_NESTING:
+        for item in (items.values() if isinstance(items, dict) else items):
+            if isinstance(item, _CONTAINERS) and id(item) not in seen:
+                inner.append((item, _container(item, depth + 1, seen)))
+    return _Container(items, inner)
+
+
+def _put_back_items(value: Any, items: Any) -> bool:
+    if isinstance(value, dict):
+        if list(value) == list(items) and all(value[key] is item for key, item in items.items()):
+            return False
+        value.clear()
+        value.update(items)
+        return True
+    now = list(value)
+    if len(now) == len(items) and all(a is b for a, b in zip(now, items, strict=True)):
+        return False
+    if isinstance(value, set):
+        value.clear()
+        value.update(items)
+    elif isinstance(value, collections.deque):
+        value.clear()
+        value.extend(items)
+    else:
+        value[:] = items
+    return True
+
+
 def _contents(value: Any) -> Any:
     if isinstance(value, _CONTAINERS):
-        return dict(value) if isinstance(value, dict) else list(value)
+        return _container(value, 1, set())
     torch = loaded_torch()
     if (torch is not None and isinstance(value, torch.Tensor) and not value.requires_grad
             and not isinstance(value, torch.nn.Parameter) and value.numel() <= MAX_TENSOR_ELEMENTS):
@@ -178,25 +223,11 @@ def _put_back(value: Any, contents: Any) -> bool:
         for key, number in contents.items():
             setattr(value, key, number)
         return changed
-    if isinstance(value, dict):
-        if list(value) == list(contents) and all(value[key] is item for key, item in contents.items()):
-            return False
-        value.clear()
-        value.update(contents)
-        return True
-    if isinstance(value, _CONTAINERS):
-        now = list(value)
-        if len(now) == len(contents) and all(a is b for a, b in zip(now, contents, strict=True)):
-            return False
-        if isinstance(value, set):
-            value.clear()
-            value.update(contents)
-        elif isinstance(value, collections.deque):
-            value.clear()
-            value.extend(contents)
-        else:
-            value[:] = contents
-        return True
+    if isinstance(contents, _Container):
+        changed = _put_back_items(value, contents.items)
+        for inner, inner_contents in contents.inner:
+            changed = _put_back(inner, inner_contents) or changed
+        return changed
     torch = loaded_torch()
     if value.shape != contents.shape:
         return True  # resized in place: it cannot be written back, but its binding is

@@ -44,7 +44,7 @@ def attempt(ip) -> Attempt:
     # batch 3 + j's loading, forward and backward, and iteration 2 + j's logging and collection after its optimizer
     # step. The typical step is the mean over the middle half of the steps: the truth is averaged over the same.
     steps = [3 + j for j in middle_half(result.step_seconds)]
-    recorded = ip.user_ns["truth"]
+    recorded = vars(ip.user_ns["truth"])
     truth = {"data": [recorded["data"][s] for s in steps], "forward": [recorded["forward"][s] for s in steps],
              "other": [recorded["other"][s - 1] for s in steps], "gc": [recorded["gc"][s - 1] for s in steps]}
     means = {kind: statistics.mean(values) for kind, values in truth.items()}

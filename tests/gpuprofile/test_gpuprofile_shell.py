@@ -914,6 +914,43 @@ for x, y in loader:
     assert ns["global_step"] >= 5 and len(ns["logs"]) == ns["global_step"]
 
 
+
+def test_a_checkpoint_the_loop_saves_and_a_history_of_lists_are_put_back(ip, tmp_path) -> None:
+    # An autoencoder tutorial's loop: each epoch appends to history["train"] and, when the validation loss beats the
+    # best so far (inf at first), saves the model. Profiled, its first epoch overwrote the user's best.pt with a
+    # model of a few steps and left history["train"] one entry long, while the model in memory was put back.
+    best, last = tmp_path / "best.pt", tmp_path / "last.pt"
+    best.write_bytes(b"the real run's checkpoint")
+    ip.run_cell(MLP + f"""
+small = DataLoader(TensorDataset(torch.randn(48, 32), torch.randint(0, 10, (48,))), batch_size=16)
+history, best_loss = {{"train": [], "val": []}}, float("inf")
+best_path, last_path = {str(best)!r}, {str(last)!r}
+""").raise_error()
+    cell = """%%gpuprofile -o -q --steps 4 --warmup 1
+for epoch in range(10):
+    for x, y in small:
+        opt.zero_grad(); loss = loss_fn(model(x), y); loss.backward(); opt.step()
+    history["train"].append(loss.item())
+    history["val"].append(loss.item())
+    if loss.item() < best_loss:
+        best_loss = loss.item()
+        torch.save(model.state_dict(), best_path)
+    torch.save(model.state_dict(), last_path)
+"""
+    result = ip.run_cell(cell).result
+    ns = ip.user_ns
+    assert ns["history"] == {"train": [], "val": []} and ns["best_loss"] == float("inf")
+    assert best.read_bytes() == b"the real run's checkpoint"
+    assert not last.exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["best.pt"]  # no backup left behind
+    assert any(note.startswith(f"{best}, {last}: written by the cell's torch.save and put back as before")
+               for note in result.notes), result.notes
+    assert torch.save.__module__ == "torch.serialization"  # the real one again
+    ip.run_cell(cell.replace("-o -q", "-q --keep")).raise_error()
+    assert torch.load(best).keys() == ns["model"].state_dict().keys() and last.exists()
+    assert len(ns["history"]["train"]) >= 1
+
+
 GET_BATCH = """
 import torch
 from torch import nn
