@@ -115,6 +115,49 @@ def test_a_restore_puts_counters_lists_dicts_and_small_tensors_back_in_place() -
     assert state(ns) == before and snapshot.changed == ["global_step", "losses", "stats", "running"]
 
 
+def test_the_attributes_a_step_changes_on_the_users_own_object_are_put_back() -> None:
+    # `%speedprobe trainer.train_step`: the method counts self.step and logs into self.log, which holds an object of
+    # the user's too; a frozen dataclass (no __setattr__) among the attributes is read, never written.
+    namespace: dict = {"__name__": "__main__"}  # as in a notebook: the classes are of module __main__
+    exec(textwrap.dedent("""
+        import dataclasses
+
+        @dataclasses.dataclass(frozen=True)
+        class Config:
+            lr: float = 0.1
+
+        class Log:
+            def __init__(self):
+                self.lines, self.last = [], None
+
+        class Trainer:
+            def __init__(self):
+                self.step, self.log, self.config = 0, Log(), Config()
+
+            def train_step(self):
+                self.step += 1
+                self.log.lines.append(self.step)
+                self.log.last = self.step
+                self.cache = {"made": self.step}
+
+        trainer = Trainer()
+    """), namespace)
+    trainer = namespace["trainer"]
+    log, lines = trainer.log, trainer.log.lines
+    probe = StepVariables.take(trainer.train_step, skip=set())
+    for _ in range(3):
+        trainer.train_step()
+    probe.restore()
+    assert (trainer.step, trainer.log.lines, trainer.log.last) == (0, [], None)
+    assert trainer.log is log and log.lines is lines and not hasattr(trainer, "cache")
+    assert probe.changed == ["trainer.cache", "trainer.step", "trainer.log.lines", "trainer.log.last"]
+    # A profiled run (whole_run) keeps the attributes it added, as it keeps the names a cell creates.
+    profiled = StepVariables.take(trainer.train_step, skip=set(), whole_run=True)
+    trainer.train_step()
+    profiled.restore()
+    assert trainer.step == 0 and trainer.cache == {"made": 1}
+
+
 def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were(capsys) -> None:
     from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
     from jupyter_gpu.dataprobe.runner import probe_loader

@@ -11,7 +11,9 @@ functions, classes and modules are not variables. Kept: the binding of each (so 
 the step created is removed again); the contents of a list, dict, set, deque or bytearray (put back in place, so
 every other reference sees them too), and so for the containers inside them, three levels down (`history =
 {"train": [], "val": []}` grows through `history["train"].append(...)`); a copy of a small tensor that requires no
-gradient (put back in place).
+gradient (put back in place); and the instance attributes of an object of the user's own class (a `Trainer` whose
+`fit()` counts `self.global_step` and appends to `self.metrics`, also the `self` of a step that is a bound method),
+each kept as a variable is, and so for the user's objects among them, one level down.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpu.kernel_torch import loaded_torch
+from jupyter_gpu.probekit.user_objects import holds_attributes
 
 MAX_DEPTH = 2              # the step, the functions it calls, and theirs
 MAX_TENSOR_ELEMENTS = 1 << 20  # a counter or a running sum, not a dataset: larger tensors are the user's data
 MAX_NESTING = 3            # containers inside containers kept: a history dict of lists, a list of per-epoch dicts
+MAX_OBJECT_NESTING = 2     # the user's object (a Trainer) and the user's objects it holds (its `self.state`)
 _ABSENT = object()
 _CONTAINERS = (list, dict, set, collections.deque, bytearray)
 
@@ -129,21 +133,39 @@ class StepVariables:
                 continue
             if value is not _ABSENT and (id(value) in skip or _not_a_variable(value)):
                 continue
-            entries.append((namespace, name, value, _contents(value)))
+            entries.append((namespace, name, value, _contents(value, whole_run)))
+        for owner, label in _bound_owners(step):
+            if id(owner) not in skip:
+                entries.append(({label: owner}, label, owner, _contents(owner, whole_run)))
         return cls(entries)
 
     def restore(self) -> None:
         for namespace, name, value, contents in self._entries:
-            now = namespace.get(name, _ABSENT)
-            changed = now is not value
+            changed = [""] if namespace.get(name, _ABSENT) is not value else []
             if value is _ABSENT:
                 namespace.pop(name, None)
             else:
                 namespace[name] = value
                 if contents is not None:
-                    changed = _put_back(value, contents) or changed
-            if changed and name not in self.changed and not isinstance(contents, _Counters):
-                self.changed.append(name)
+                    changed += _put_back(value, contents)
+            if isinstance(contents, _Counters):
+                continue
+            for where in changed:
+                if name + where not in self.changed:
+                    self.changed.append(name + where)
+
+
+def _bound_owners(step: Any) -> Iterator[tuple[Any, str]]:
+    """The user's objects whose bound methods are the step (`profile_training(trainer.fit)`), each with how the
+    report names it: its notebook name where the method's module has one, else "self"."""
+    for one in step if isinstance(step, list) else [step]:
+        func = one
+        while isinstance(func, functools.partial):
+            func = func.func
+        if inspect.ismethod(func) and holds_attributes(func.__self__):
+            owner = func.__self__
+            namespace = getattr(func.__func__, "__globals__", {})
+            yield owner, next((name for name, value in list(namespace.items()) if value is owner), "self")
 
 
 class _Counters(dict):
@@ -206,9 +228,52 @@ def _put_back_items(value: Any, items: Any) -> bool:
     return True
 
 
-def _contents(value: Any) -> Any:
+@dataclass
+class _Attributes:
+    """An object of the user's own class: which object each instance attribute was bound to, the contents of those
+    kept as a variable's are, and whether attributes the run added stay (a profiled cell's, as its new names do)."""
+
+    bindings: dict[str, Any]
+    contents: dict[str, Any]
+    keep_added: bool
+
+
+def _attributes(value: Any, keep_added: bool, depth: int) -> _Attributes:
+    bindings = dict(vars(value))
+    contents = {}
+    for name, bound in bindings.items():
+        if not _not_a_variable(bound):
+            inner = _contents(bound, keep_added, depth + 1)
+            if inner is not None:
+                contents[name] = inner
+    return _Attributes(bindings, contents, keep_added)
+
+
+def _put_back_attributes(value: Any, saved: _Attributes) -> list[str]:
+    """Writes the instance dict itself: no property or `__setattr__` of the user's class runs (a frozen dataclass
+    would refuse), and an attribute nothing changed is not touched."""
+    live = vars(value)
+    changed = []
+    if not saved.keep_added:
+        for name in [name for name in live if name not in saved.bindings]:
+            del live[name]
+            changed.append(f".{name}")
+    for name, bound in saved.bindings.items():
+        if live.get(name, _ABSENT) is not bound:
+            live[name] = bound
+            changed.append(f".{name}")
+        if name in saved.contents:
+            changed += [f".{name}{where}" for where in _put_back(bound, saved.contents[name])]
+    return changed
+
+
+def _contents(value: Any, keep_added: bool = False, depth: int = 1) -> Any:
+    """What is kept of a variable's value besides its binding, or None: `keep_added` is StepVariables.take's
+    `whole_run`, for the attributes a run adds to the user's objects."""
     if isinstance(value, _CONTAINERS):
         return _container(value, 1, set())
+    if depth <= MAX_OBJECT_NESTING and holds_attributes(value):
+        return _attributes(value, keep_added, depth)
     torch = loaded_torch()
     if (torch is not None and isinstance(value, torch.Tensor) and not value.requires_grad
             and not isinstance(value, torch.nn.Parameter) and value.numel() <= MAX_TENSOR_ELEMENTS):
@@ -216,23 +281,26 @@ def _contents(value: Any) -> Any:
     return None
 
 
-def _put_back(value: Any, contents: Any) -> bool:
-    """Puts the contents back in place; whether they had changed."""
+def _put_back(value: Any, contents: Any) -> list[str]:
+    """Puts the contents back in place; what had changed: "" for the value itself, ".name" for an attribute of the
+    user's object (".state.epoch" one level further)."""
+    if isinstance(contents, _Attributes):
+        return _put_back_attributes(value, contents)
     if isinstance(contents, _Counters):
         changed = any(getattr(value, key, None) != number for key, number in contents.items())
         for key, number in contents.items():
             setattr(value, key, number)
-        return changed
+        return [""] if changed else []
     if isinstance(contents, _Container):
         changed = _put_back_items(value, contents.items)
         for inner, inner_contents in contents.inner:
-            changed = _put_back(inner, inner_contents) or changed
-        return changed
+            changed = bool(_put_back(inner, inner_contents)) or changed
+        return [""] if changed else []
     torch = loaded_torch()
     if value.shape != contents.shape:
-        return True  # resized in place: it cannot be written back, but its binding is
+        return [""]  # resized in place: it cannot be written back, but its binding is
     with torch.no_grad():
         same = bool(torch.equal(value.detach().cpu(), contents))
         if not same:
             value.copy_(contents)
-    return not same
+    return [] if same else [""]

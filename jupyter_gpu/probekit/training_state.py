@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_gpu.kernel_torch import loaded_torch
 from jupyter_gpu.probekit.step_variables import StepVariables
+from jupyter_gpu.probekit.user_objects import holds_attributes
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +99,7 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
     Looks at the namespace's values (not names starting with "_", not IPython's In/Out) and at the step's
     closure cells, referenced globals, bound `self` (and its attributes), and functools.partial arguments; each
     also one level inside dict, list and tuple values, and in the attributes of an object of the user's own class
-    (a Trainer's `self.model`: `_holds_attributes`). When torch has not been imported there is nothing to
+    (a Trainer's `self.model`: `holds_attributes`). When torch has not been imported there is nothing to
     protect and nothing is imported.
     """
     found = TrainingObjects([], [], [], [])
@@ -148,7 +149,7 @@ def _with_items(label: str, value: object) -> Iterator[tuple[str, Any]]:
     """The value itself, then what a dict, list or tuple value holds (one level), or the attributes of an object of
     the user's own (a `Trainer` holding `self.model`, `self.optimizer`, `self.scheduler`: `trainer.model`, ...)."""
     yield label, value
-    if _holds_attributes(value):
+    if holds_attributes(value):
         for count, (name, attribute) in enumerate(list(vars(value).items())):
             if count >= _MAX_CONTAINER_ITEMS:
                 return
@@ -171,27 +172,6 @@ def _with_container_items(label: str, value: object, itself: bool = True) -> Ite
         if count >= _MAX_CONTAINER_ITEMS:
             return
         yield f"{label}[{key!r}]", item
-
-
-# Objects whose attributes are never training state of the user's: the shell's own, and torch's and the standard
-# library's (a DataLoader's attributes are its dataset and sampler; torch's training objects are found themselves).
-_FOREIGN_MODULES = ("builtins", "IPython", "ipykernel", "jupyter_client", "traitlets", "torch", "typing", "types",
-                    "collections", "functools", "jupyter_gpu", "numpy", "pandas", "matplotlib", "tqdm")
-
-
-def _holds_attributes(value: object) -> bool:
-    """An instance of a class of the user's (or of a library's training loop, such as a Trainer), whose attributes
-    may hold the model, optimizer and scheduler: not a class, module or function, and not of a class from torch (a
-    model's own attributes are its parameters and submodules) or the shell."""
-    if isinstance(value, type) or inspect.ismodule(value) or inspect.isroutine(value):
-        return False
-    try:
-        attributes = vars(value)
-    except TypeError:  # no __dict__ (slots, builtins)
-        return False
-    foreign = any((getattr(cls, "__module__", "") or "").split(".")[0] in _FOREIGN_MODULES
-                  for cls in type(value).__mro__ if cls is not object)
-    return isinstance(attributes, dict) and not foreign
 
 
 def value_at(namespace: Mapping[str, Any], path: str) -> Any:

@@ -800,6 +800,51 @@ def test_a_name_that_is_not_an_attribute_says_so(ip) -> None:
         ip.run_line_magic("dataprobe", "trainer.val_loader")
 
 
+COUNTING_TRAINER = """
+class Trainer:
+    def __init__(self, model, optimizer, loader):
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.global_step, self.epoch, self.metrics = 0, 0, {"loss": []}
+        self.best = None
+
+    def fit(self, epochs=3):
+        for self.epoch in range(epochs):
+            for x, y in self.loader:
+                self.optimizer.zero_grad()
+                loss = loss_fn(self.model(x), y)
+                loss.backward()
+                self.optimizer.step()
+                self.global_step += 1
+                self.metrics["loss"].append(loss.item())
+            self.best = min(self.metrics["loss"])
+            self.last_lr = self.optimizer.param_groups[0]["lr"]
+
+trainer = Trainer(model, opt, loader)
+"""
+
+
+def test_the_counters_and_history_a_trainer_keeps_on_itself_are_put_back(ip) -> None:
+    # A Lightning-style Trainer counts self.global_step and appends to self.metrics inside fit(). Profiled, the model
+    # was put back but the trainer said 16 steps had been taken and kept 16 losses of a run that never happened.
+    ip.run_cell(MLP + COUNTING_TRAINER).raise_error()
+    trainer = ip.user_ns["trainer"]
+    history = trainer.metrics["loss"]
+    result = ip.run_line_magic("gpuprofile", "-o -q --steps 4 --warmup 1 trainer.fit()")
+    assert result.steps == 4
+    assert (trainer.global_step, trainer.epoch, trainer.best) == (0, 0, None)
+    assert trainer.metrics == {"loss": []} and trainer.metrics["loss"] is history  # the user's own list, emptied
+    assert trainer.model is ip.user_ns["model"] and trainer.optimizer is ip.user_ns["opt"]
+    note = next(note for note in result.notes if "notebook variables the cell changed" in note)
+    assert "trainer.global_step" in note and "trainer.metrics" in note
+    # From a script: the trainer is the bound method's self, found without a notebook name for it.
+    from jupyter_gpu import profile_training
+
+    scripted = profile_training(trainer.fit, steps=3, warmup=1, namespace={})
+    assert scripted.steps == 3 and (trainer.global_step, trainer.metrics) == (0, {"loss": []})
+    ip.run_line_magic("gpuprofile", "-q --keep --steps 2 --warmup 1 trainer.fit()")
+    assert trainer.global_step >= 3 and len(trainer.metrics["loss"]) == trainer.global_step
+
+
 def test_a_loader_the_function_makes_itself_gets_a_name_for_dataprobe_and_apply_says_it_cannot_swap_it(ip) -> None:
     ip.run_cell(SLOW_DATA).raise_error()
     ip.run_cell("def fit():\n    local_loader = DataLoader(Slow(), batch_size=16, shuffle=True)\n"
@@ -1007,3 +1052,4 @@ def test_a_loop_without_a_dataloader_inside_a_function_or_stepping_every_few_ite
     accumulating = NANO_LOOP.replace("    optimizer.step()\n", "    if it % 2 == 1:\n        optimizer.step()\n")
     result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\n" + accumulating).result
     assert result.ready_steps[0].name is None and "gradient accumulation" in result.ready_steps[0].reason
+
