@@ -53,3 +53,4 @@ def test_a_file_that_cannot_be_put_back_is_named_with_where_the_old_one_is(tmp_p
     assert len(saves.failed) == 1 and str(path) in saves.failed[0] and ".best.pt.jupyter-gpu-" in saves.failed[0]
     backup = next(folder.glob(".best.pt.jupyter-gpu-*.bak"))
     assert backup.read_bytes() == b"old"
+

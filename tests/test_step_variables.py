@@ -6,6 +6,7 @@ dict as a notebook defines them."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import torch
@@ -26,6 +27,7 @@ max_steps = 20
 losses = [0.5]
 stats = {"seen": 448}
 running = torch.zeros(())
+checkpoint = None  # a path: the body saves the model there every fifth step
 
 def train_body(batch):
     global global_step
@@ -40,6 +42,8 @@ def train_body(batch):
     running.add_(loss.detach())
     if global_step % 5 == 0:
         print(f"[{global_step}] loss: {loss.item():.3f}")  # a tutorial's logging, kept in the lifted body
+        if checkpoint:
+            torch.save(model.state_dict(), checkpoint)
     if global_step >= max_steps:
         return
     return loss
@@ -158,12 +162,15 @@ def test_the_attributes_a_step_changes_on_the_users_own_object_are_put_back() ->
     assert trainer.step == 0 and trainer.cache == {"made": 1}
 
 
-def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were(capsys) -> None:
+def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were(capsys, tmp_path) -> None:
     from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
     from jupyter_gpu.dataprobe.runner import probe_loader
     from jupyter_gpu.speedprobe.runner import probe_speed
 
     ns = notebook()
+    # The body's periodic checkpoint, called tens of times by each probe, overwrote the user's file with the trials'.
+    checkpoint = ns["checkpoint"] = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"the real run's checkpoint")
     before = state(ns)
     speed = probe_speed(ns["train_step"], options=("fused-optimizer",), steps=3, namespace=ns)
     assert state(ns) == before
@@ -175,9 +182,12 @@ def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_th
     data = probe_loader(ns["loader"], ns["train_body"], workers=[0], seconds=3, namespace=ns)
     assert state(ns) == before and "global_step" in data.restored
     assert torch.equal(ns["running"], torch.zeros(()))
+    assert checkpoint.read_bytes() == b"the real run's checkpoint" and os.listdir(tmp_path) == ["model.pt"]
     # The body's print ran on the probes' calls: kept out of the output, counted in each report.
     assert "loss:" not in capsys.readouterr().out
     for result in (speed, sized, data):
+        assert f"{checkpoint}: written by the step's torch.save while the probe called it and put back" in " ".join(
+            result.notes), result.notes
         [printed] = [note for note in result.notes if "printed" in note]
         assert "while the probe called it, not shown here (the first: '[" in printed, printed
         assert "they come from the probe's calls, not from training" in printed

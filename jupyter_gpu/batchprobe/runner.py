@@ -33,6 +33,7 @@ from jupyter_gpu.batchprobe.search import (
 from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.release import release_last_error
+from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_census import StepCensus
 from jupyter_gpu.probekit.step_output import StepOutput
@@ -118,7 +119,8 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         budget.exclude(snapshot.host_tensors())
         runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
         # A OneCycleLR the step calls starts over at its end instead of raising (probekit/schedules.py).
-        with restarting_schedules(objects.schedulers) as restarted:
+        saves = SavedFiles(torch)  # a step that checkpoints would overwrite the user's file, trial after trial
+        with restarting_schedules(objects.schedulers) as restarted, saves:
             try:
                 runner.run()
                 if runner.switch_to is not None:  # the first trial showed the work is on another device
@@ -145,6 +147,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     finally:
         budget.close()
     notes += [restarted_note(name) for name in restarted]
+    notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
     printed = runner.output.note(getattr(step, "__name__", "the step"))
     if printed is not None:
         notes.append(printed)

@@ -40,6 +40,7 @@ from jupyter_gpu.dataprobe.result import (
 )
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
@@ -132,10 +133,12 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     memory_before = _cuda_allocated(torch)
     restarted: list[str] = []
     caught: list[warnings.WarningMessage] = []
+    saves = SavedFiles(torch)  # a step that checkpoints would overwrite the user's file, trial after trial
     try:
         # Each loader the probe builds warns as the user's did (on a CPU machine, `pin_memory=True` warned four
         # times in one probe, above its report): kept, and named once each in the notes.
-        with restarting_schedules(objects.schedulers) as restarted, warnings.catch_warnings(record=True) as caught:
+        with (restarting_schedules(objects.schedulers) as restarted, warnings.catch_warnings(record=True) as caught,
+              saves):
             warnings.simplefilter("always")
             probe.run()
     finally:
@@ -145,6 +148,7 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         gc.collect()  # the fresh loaders and their batches go now, not at some later collection
     probe.notes += [restarted_note(name) for name in restarted]
     probe.notes += _warning_notes(caught)
+    probe.notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
     printed = target.output.note(step_name or "the step") if target is not None else None
     if printed is not None:
         probe.notes.append(printed)

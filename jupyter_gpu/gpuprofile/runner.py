@@ -27,7 +27,7 @@ from jupyter_gpu.gpuprofile.result import (
     ProfileResult,
 )
 from jupyter_gpu.kernel_torch import cuda_initialized
-from jupyter_gpu.probekit.saved_files import SavedFiles
+from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 
@@ -153,11 +153,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     if put_back:
         result.notes.append(f"{', '.join(put_back)}: notebook variables the cell changed, put back as they were with "
                             "the training state (--keep keeps what the steps did).")
-    if saves is not None and saves.restored:
-        result.notes.append(f"{', '.join(saves.restored)}: written by the cell's torch.save and put back as before "
-                            "(the old file, or no file where there was none); --keep keeps what the steps wrote.")
-    if saves is not None and saves.failed:
-        result.notes.append(f"could not be put back after the cell's torch.save: {'; '.join(saves.failed)}.")
+    if saves is not None:
+        result.notes.extend(saved_files_notes(saves, "the cell's torch.save", "; --keep keeps what the steps wrote"))
     if created and not request.keep:
         result.notes.append(f"{', '.join(created)}: made by the cell itself, so they keep the steps it ran (only "
                             "what existed before the cell is put back).")

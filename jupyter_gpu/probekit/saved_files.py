@@ -1,11 +1,13 @@
-"""Files a profiled loop writes with `torch.save`, put back afterwards.
+"""Files a profiled loop, or a probed step, writes with `torch.save`, put back afterwards.
 
 A training cell keeps its best model on disk (`torch.save(model.state_dict(), "best.pt")` after a validation that
 improved). Profiled, that cell's first epoch beats the `inf` it starts from, so the profile's few steps overwrote the
 checkpoint of the user's real run with a barely trained model, while the model in memory was put back. Here a file
 that existed is moved aside (a rename, in its own directory) before the loop's first save to it, and moved back
 afterwards; a file the loop created is removed. The saves themselves still run, so their cost stays in the steps.
-A save through a file object, or through a `save` imported by name before the profile, is not seen.
+The probes guard their step alike: a loop body lifted with its `if step % 100 == 0: torch.save(...)` is called tens
+of times by `%speedprobe`. A save through a file object, or through a `save` imported by name before the profile,
+is not seen.
 
 Probe layer: torch is the caller's.
 """
@@ -75,3 +77,15 @@ class SavedFiles:
             del self._backups[path]
             if str(path) not in self.restored:
                 self.restored.append(str(path))
+
+
+def saved_files_notes(saves: SavedFiles, writer: str, keep: str = "") -> list[str]:
+    """The report's notes on the files put back and those that could not be: `writer` says whose saves they were
+    ("the cell's torch.save"), `keep` how to keep what they wrote, if the command can ("; --keep keeps ...")."""
+    notes = []
+    if saves.restored:
+        notes.append(f"{', '.join(saves.restored)}: written by {writer} and put back as before (the old file, or no "
+                     f"file where there was none){keep}.")
+    if saves.failed:
+        notes.append(f"could not be put back after {writer}: {'; '.join(saves.failed)}.")
+    return notes

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
+from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
@@ -108,8 +109,9 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     probe = _Probe(step, name, setting, request, snapshot, flags, progress)
     interrupted = False
     restarted: list[str] = []
+    saves = SavedFiles(torch)  # a lifted loop body's periodic checkpoint would overwrite the user's, call after call
     try:
-        with restarting_schedules((protected if protected.objects() else objects).schedulers) as restarted:
+        with restarting_schedules((protected if protected.objects() else objects).schedulers) as restarted, saves:
             probe.run()
     except KeyboardInterrupt:
         interrupted = True
@@ -119,6 +121,7 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         (progress or _silent)("")
         gc.collect()
     probe.notes += [restarted_note(name) for name in restarted]
+    probe.notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
     return probe.result(interrupted, [*(protected if protected.objects() else objects).names(),
                                       *snapshot.changed_variables], user_compiled)
 
