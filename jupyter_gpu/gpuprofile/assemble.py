@@ -33,6 +33,7 @@ from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.kernel_trace import analyse
 from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how, value_at
+from jupyter_gpu.units import format_seconds
 
 TOP_OPERATORS = 10
 # The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the
@@ -95,6 +96,9 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     elif error is None and not instruments.stopped and request.steps and len(profiled) < wanted:
         notes.append(f"The cell ended after {len(records)} {instruments.mode}: {len(warm)} warm-up and "
                      f"{len(profiled)} profiled instead of {request.warmup} + {wanted}.")
+    elif error is None and not instruments.stopped and request.seconds:
+        notes.append(f"The cell ended after {len(records)} {instruments.mode}, {format_seconds(run_seconds)} in all, "
+                     f"before the {request.seconds:g} s asked for: {len(warm)} warm-up and {len(profiled)} profiled.")
     if instruments.mode == "DataLoader batches":
         notes.append("No optimizer step ran, so each DataLoader batch is a step (an evaluation or inference loop).")
     if isinstance(error, KeyboardInterrupt):

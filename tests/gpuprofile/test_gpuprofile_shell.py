@@ -299,6 +299,12 @@ def test_a_short_cell_is_profiled_as_far_as_it_ran(ip) -> None:
                          "        break\n    opt.zero_grad()\n    loss_fn(model(x), y).backward()\n"
                          "    opt.step()\n").result
     assert result.steps == 7 and any("instead of 5 + 20" in note for note in result.notes)
+    # Asked for more seconds than the cell runs: the whole cell was profiled, and the report says it ended first.
+    timed = ip.run_cell("%%gpuprofile -o -q --seconds 60 --warmup 2\nfor x, y in loader:\n    opt.zero_grad()\n"
+                        "    loss_fn(model(x), y).backward()\n    opt.step()\n").result
+    assert timed.steps == 128 - 2
+    assert any(re.match(r"The cell ended after 128 optimizer steps, .* in all, before the 60 s asked for: 2 warm-up "
+                        r"and 126 profiled\.", note) for note in timed.notes), timed.notes
 
 
 def test_a_cell_that_raises_shows_the_partial_profile_puts_state_back_and_re_raises(ip, capsys) -> None:
