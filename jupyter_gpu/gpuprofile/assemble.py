@@ -137,7 +137,9 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     flops = totals.flops if totals is not None and totals.flops else None
     compute = _compute_format(torch, device, totals.flops_by_dtype if totals is not None else {})
     if totals is None and profiled:
-        not_measured.append("FLOPs and operators: the cell stopped before the extra step they are counted on.")
+        why = ("the cell stopped" if error is not None or instruments.stopped
+               else "the cell ended; fewer --steps or --seconds leave it one")
+        not_measured.append(f"FLOPs and operators: {why} before the extra step they are counted on.")
     # A cell that stopped before its first step has nothing to compare with a ceiling or to lift.
     ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds)) if step_seconds else None
     timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)

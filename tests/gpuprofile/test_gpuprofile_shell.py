@@ -305,6 +305,7 @@ def test_a_short_cell_is_profiled_as_far_as_it_ran(ip) -> None:
     assert timed.steps == 128 - 2
     assert any(re.match(r"The cell ended after 128 optimizer steps, .* in all, before the 60 s asked for: 2 warm-up "
                         r"and 126 profiled\.", note) for note in timed.notes), timed.notes
+    assert "FLOPs and operators: the cell ended; fewer --steps or --seconds leave it one" in timed.not_measured[0]
 
 
 def test_a_cell_that_raises_shows_the_partial_profile_puts_state_back_and_re_raises(ip, capsys) -> None:
