@@ -217,12 +217,18 @@ def _holder_text(holder: dict[str, Any]) -> str:
     return f"{holder['name']} {format_bytes(holder['bytes'])}{kind}{count}{graphs}"
 
 
+# A notebook tensor smaller than this share of the budget is named in "held before" without advice to move it.
+HINT_SHARE = 0.01
+
+
 def _baseline_line(result: BatchProbeResult) -> str:
     text = ", ".join(_holder_text(holder) for holder in result.baseline)
     others = [h for h in result.baseline if h["kind"] == "tensors"]  # the notebook's variables, not training
     if not others:
         return text
     largest = others[0]
+    if largest["bytes"] < HINT_SHARE * result.budget_bytes:
+        return text  # a batch left from the last cell, a few KiB: naming it is enough, moving it buys nothing
     if result.device == "cpu":
         # The CPU budget stands in for a GPU: data a GPU run would keep on the host counts here, not there.
         hint = (f"; if training keeps {largest['name']} on the host, it would not be on the GPU: give "

@@ -435,6 +435,20 @@ def test_the_result_serialises_and_renders_its_numbers() -> None:
         assert str(result.max_batch_size) in shown and str(result.recommended) in shown
 
 
+@pytest.mark.parametrize(("held", "advised"), [(64 * 1024, True), (256, False)])
+def test_a_notebook_tensor_is_advised_off_only_when_it_is_a_real_share_of_the_budget(held: int, advised: bool) -> None:
+    # A CNN cell's last `inputs` batch (384 KiB) was advised off a 22.6 GiB budget: noise beside what matters.
+    def step(batch_size: int) -> None:
+        if batch_size > 100:
+            raise torch.OutOfMemoryError(OOM_MESSAGE)
+
+    features = torch.ones(held // 4)  # float32: `held` bytes
+    result = probe_batch_size(step, ProbeRequest(max_memory=BUDGET), namespace={"features": features})
+    text = str(result)
+    assert "held before  features " in text
+    assert ("if training keeps features on the host, it would not be on the GPU: give --max-memory" in text) is advised
+
+
 def test_html_escapes_text_from_the_step() -> None:
     def step(batch_size: int) -> None:
         if batch_size > 10:
