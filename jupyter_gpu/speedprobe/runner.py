@@ -98,6 +98,8 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     objects = find_training_objects({}, step)
     if not objects.modules and not objects.optimizers:
         objects = protected
+    for key, label in protected.labels.items():  # the notebook's names for what the step reaches through others
+        objects.labels.setdefault(key, label)  # (the `model` a compiled `cmodel` wraps)
     if not objects.modules and not objects.optimizers:
         raise SpeedProbeError(f"no model or optimizer was found in the notebook or in what `{name}` refers to; "
                               "define them as notebook variables (model = ..., opt = ...) so they can be put back "
@@ -490,8 +492,12 @@ def _parameters_expression(optimizer: Any, models: list[Any], labels: dict[int, 
         return None
     held = {id(param) for param in optimizer.param_groups[0]["params"]}
     for module in models:
-        if {id(param) for param in module.parameters()} == held and id(module) in labels:
-            return f"{labels[id(module)]}.parameters()"
+        if {id(param) for param in module.parameters()} == held:
+            # torch.compile's wrapper holds the model it wraps: `opt = Adam(model.parameters())` was written before
+            # `cmodel = torch.compile(model)`, so the line names the model, as the user's own line does.
+            for named in (getattr(module, "_orig_mod", None), module):
+                if named is not None and id(named) in labels:
+                    return f"{labels[id(named)]}.parameters()"
     return None
 
 

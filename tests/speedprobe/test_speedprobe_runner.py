@@ -396,6 +396,30 @@ def test_the_code_to_adopt_names_only_what_the_step_used_of_a_notebook_with_othe
         "fused-optimizer: optimizer (SGD): fused=True"]
 
 
+def test_the_fused_optimizer_line_names_the_model_the_optimizer_was_made_from_not_its_compiled_wrapper() -> None:
+    # `opt = Adam(model.parameters())` then `cmodel = torch.compile(model)`: the line to adopt said
+    # `Adam(cmodel.parameters(), fused=True)`, a name the user's optimizer line never had.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    cmodel = torch.compile(model)
+    x, y = torch.randn(64, 16), torch.randint(0, 4, (64,))
+
+    def train_step():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(cmodel(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    namespace = {"model": model, "opt": opt, "cmodel": cmodel}
+    result = probe_speed(train_step, options=("fused-optimizer",), steps=2, namespace=namespace)
+    from jupyter_gpu.speedprobe.catalog import adopt_lines
+
+    assert adopt_lines(("fused-optimizer",), result.code_context) == [
+        "opt = torch.optim.Adam(model.parameters(), fused=True)  # keep your other arguments"]
+
+
 def test_channels_last_agrees_on_a_cnn_with_dropout_after_its_convolutions() -> None:
     # The PyTorch MNIST example's Net: Dropout on the pooled conv activations. On channels_last activations dropout
     # draws its mask in memory order, so from the same seed it zeroes other elements than the baseline (the update
