@@ -26,6 +26,7 @@ from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, DEFAULT_WARMUP, Profil
 from jupyter_gpu.gpuprofile.result import (
     ProfileResult,
 )
+from jupyter_gpu.gpuprofile.script_calls import in_ipython, with_script_commands
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.ticker import Ticker
@@ -76,14 +77,15 @@ def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_ST
     del arguments
     if profiled.error is not None:
         raise profiled.error
+    result = profiled.result if in_ipython() else with_script_commands(profiled.result)  # a script has no magics
     if namespace is None and profiled.defined:
         # Its ready steps went where its training objects were looked for: the function's module.
         module = getattr(fn, "__module__", None) or "the function's module"
         place = "this script's globals" if module == "__main__" else f"module {module}"
-        return dataclasses.replace(profiled.result, defined_in=place)
+        return dataclasses.replace(result, defined_in=place)
     if profiled.defined:
-        return dataclasses.replace(profiled.result, defined_in="the namespace passed to profile_training")
-    return profiled.result
+        return dataclasses.replace(result, defined_in="the namespace passed to profile_training")
+    return result
 
 
 def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: dict[str, Any],
