@@ -14,6 +14,7 @@ from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
 from jupyter_gpu.gpuprofile.request import ProfileRequest
 from jupyter_gpu.gpuprofile.result import (
     BACKWARD,
+    BATCHES,
     BUCKETS,
     DATA,
     FORWARD,
@@ -99,7 +100,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     elif error is None and not instruments.stopped and request.seconds:
         notes.append(f"The cell ended after {len(records)} {instruments.mode}, {format_seconds(run_seconds)} in all, "
                      f"before the {request.seconds:g} s asked for: {len(warm)} warm-up and {len(profiled)} profiled.")
-    if instruments.mode == "DataLoader batches":
+    if instruments.mode == BATCHES:
         notes.append("No optimizer step ran, so each DataLoader batch is a step (an evaluation or inference loop).")
     if isinstance(error, KeyboardInterrupt):
         notes.append(f"Interrupted after {len(records)} steps: what was measured is shown.")
@@ -107,9 +108,12 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     middle = middle_half(step_seconds)
     step = statistics.fmean(step_seconds[i] for i in middle) if middle else 0.0
     breakdown = []
+    # The phases a training step has are shown even at zero (no wait for data is news); an evaluation loop, counted
+    # in batches, has no backward or optimizer step to speak of.
+    always = (DATA, FORWARD) if instruments.mode == BATCHES else (DATA, FORWARD, BACKWARD, OPTIMIZER)
     for key in BUCKETS:
         values = [r.buckets.get(key, 0.0) for r in profiled]
-        if not values or (not any(values) and key not in (DATA, FORWARD, BACKWARD, OPTIMIZER)):
+        if not values or (not any(values) and key not in always):
             continue
         seconds = statistics.fmean(values[i] for i in middle)
         gpu = [gpu_phases.get((warmup + i, key), 0.0) for i in middle] if gpu_phases else []

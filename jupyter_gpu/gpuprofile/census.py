@@ -58,6 +58,14 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
             name = packet.__name__
             if name in _METADATA or not counting():
                 return func(*args, **kwargs)
+            if packet not in formulas:
+                # Under torch.inference_mode a composite operator (linear, batch_norm, dropout) reaches the mode
+                # whole, where autograd would have decomposed it: priced as `linear`, an eval loop's matmuls had no
+                # FLOPs and were called memory-bound. Decomposed here, as torch's FlopCounterMode does.
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+                if decomposed is not NotImplemented:
+                    return decomposed
             if cuda_timing:
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()

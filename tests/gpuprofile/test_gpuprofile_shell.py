@@ -224,10 +224,11 @@ def test_a_transformer_with_gradient_accumulation_and_dict_batches_counts_optimi
     assert result.flops is not None and result.flops > linears, (result.flops, linears)
 
 
-def test_an_evaluation_loop_counts_batches(ip) -> None:
+@pytest.mark.parametrize("grad_off", ["no_grad", "inference_mode"])
+def test_an_evaluation_loop_counts_batches(ip, grad_off: str) -> None:
     ip.run_cell(MLP).raise_error()
     result = ip.run_cell("%%gpuprofile -o -q --steps 5 --warmup 2\nmodel.eval()\ncorrect = 0\n"
-                         "with torch.no_grad():\n    for x, y in loader:\n"
+                         f"with torch.{grad_off}():\n    for x, y in loader:\n"
                          "        correct += (model(x).argmax(1) == y).sum().item()\n").result
     assert result.counted == "DataLoader batches" and result.steps == 5
     assert [s.line for s in result.syncs] == [6]
@@ -235,6 +236,12 @@ def test_an_evaluation_loop_counts_batches(ip) -> None:
     # Its FLOPs and compute are the forward's alone, and the report does not speak of a backward.
     assert result.compute_phases == "forward"
     assert "(forward only: no backward ran," in str(result) and "forward and backward" not in str(result)
+    assert [bucket.title for bucket in result.breakdown][:2] == ["waiting for data", "forward"]
+    assert not {"backward", "optimizer step"} & {bucket.title for bucket in result.breakdown}
+    # Under inference_mode too, where `linear` reaches the census whole: its matmul is priced, not called
+    # memory-bound.
+    assert result.flops == 2 * 16 * 32 * 64 + 2 * 16 * 64 * 10
+    assert "addmm" in {op.name for op in result.operators} and "linear" not in {op.name for op in result.operators}
 
 
 def test_a_cell_without_a_loop_is_one_step(ip) -> None:
