@@ -162,6 +162,29 @@ def test_the_attributes_a_step_changes_on_the_users_own_object_are_put_back() ->
     assert trainer.step == 0 and trainer.cache == {"made": 1}
 
 
+def test_a_librarys_objects_are_left_as_the_step_leaves_them() -> None:
+    # A notebook's `logger = logging.getLogger(...)` is a library's object: rewinding it rewound its manager's
+    # registry too, so a logger a library made during the step was dropped from it, and the next getLogger of that
+    # name made a second, unconfigured one. (A wandb run's step counter is the same kind of state.)
+    import logging
+
+    namespace: dict = {"__name__": "__main__"}
+    exec(textwrap.dedent("""
+        import logging
+        logger = logging.getLogger("jupyter_gpu_tests.train")
+
+        def train_step():
+            logger.debug("step")
+            logging.getLogger("jupyter_gpu_tests.train.made_by_a_library")
+    """), namespace)
+    probe = StepVariables.take(namespace["train_step"], skip=set())
+    namespace["train_step"]()
+    made = logging.getLogger("jupyter_gpu_tests.train.made_by_a_library")
+    probe.restore()
+    assert logging.getLogger("jupyter_gpu_tests.train.made_by_a_library") is made
+    assert probe.changed == []
+
+
 def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were(capsys, tmp_path) -> None:
     from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
     from jupyter_gpu.dataprobe.runner import probe_loader

@@ -11,9 +11,10 @@ functions, classes and modules are not variables. Kept: the binding of each (so 
 the step created is removed again); the contents of a list, dict, set, deque or bytearray (put back in place, so
 every other reference sees them too), and so for the containers inside them, three levels down (`history =
 {"train": [], "val": []}` grows through `history["train"].append(...)`); a copy of a small tensor that requires no
-gradient (put back in place); and the instance attributes of an object of the user's own class (a `Trainer` whose
+gradient (put back in place); and the instance attributes of an object of a class the user wrote (a `Trainer` whose
 `fit()` counts `self.global_step` and appends to `self.metrics`, also the `self` of a step that is a bound method),
-each kept as a variable is, and so for the user's objects among them, one level down.
+each kept as a variable is, and so for the user's objects among them, one level down. A library's objects (a wandb
+run, a Logger) are left as the step leaves them: their state also lives outside Python (`user_objects`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpu.kernel_torch import loaded_torch
-from jupyter_gpu.probekit.user_objects import holds_attributes
+from jupyter_gpu.probekit.user_objects import written_by_the_user
 
 MAX_DEPTH = 2              # the step, the functions it calls, and theirs
 MAX_TENSOR_ELEMENTS = 1 << 20  # a counter or a running sum, not a dataset: larger tensors are the user's data
@@ -162,7 +163,7 @@ def _bound_owners(step: Any) -> Iterator[tuple[Any, str]]:
         func = one
         while isinstance(func, functools.partial):
             func = func.func
-        if inspect.ismethod(func) and holds_attributes(func.__self__):
+        if inspect.ismethod(func) and written_by_the_user(func.__self__):
             owner = func.__self__
             namespace = getattr(func.__func__, "__globals__", {})
             yield owner, next((name for name, value in list(namespace.items()) if value is owner), "self")
@@ -272,7 +273,7 @@ def _contents(value: Any, keep_added: bool = False, depth: int = 1) -> Any:
     `whole_run`, for the attributes a run adds to the user's objects."""
     if isinstance(value, _CONTAINERS):
         return _container(value, 1, set())
-    if depth <= MAX_OBJECT_NESTING and holds_attributes(value):
+    if depth <= MAX_OBJECT_NESTING and written_by_the_user(value):
         return _attributes(value, keep_added, depth)
     torch = loaded_torch()
     if (torch is not None and isinstance(value, torch.Tensor) and not value.requires_grad

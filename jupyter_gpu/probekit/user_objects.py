@@ -1,12 +1,19 @@
 """Which objects in the notebook are the user's own: instances of a class the user (or a training-loop library)
 wrote, such as a `Trainer` holding `self.model`, `self.optimizer` and `self.global_step`. The probes look inside
 them for training objects and loaders (`training_state`), and put back the attributes a step changes on them
-(`step_variables`). Importing this module imports nothing heavy.
+(`step_variables`), but only on objects of classes the user wrote: a library's objects (a wandb run, a logging
+Logger, a library Trainer) keep state outside Python too (a server's step counter, the logger registry), which a
+rewind would put out of step. Importing this module imports nothing heavy.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
+import site
+import sys
+import sysconfig
 
 # Objects whose attributes are never training state of the user's: the shell's own, and torch's and the standard
 # library's (a DataLoader's attributes are its dataset and sampler; torch's training objects are found themselves).
@@ -27,3 +34,25 @@ def holds_attributes(value: object) -> bool:
     foreign = any((getattr(cls, "__module__", "") or "").split(".")[0] in _FOREIGN_MODULES
                   for cls in type(value).__mro__ if cls is not object)
     return isinstance(attributes, dict) and not foreign
+
+
+def written_by_the_user(value: object) -> bool:
+    """An object `holds_attributes` accepts whose class the user wrote: in the notebook (`__main__`) or in a file
+    outside the standard library and the installed packages (their own `train_lib.py`, an editable install's
+    source)."""
+    if not holds_attributes(value):
+        return False
+    name = getattr(type(value), "__module__", "") or ""
+    if name == "__main__":
+        return True  # the notebook's classes (or a script's, run by python)
+    path = getattr(sys.modules.get(name), "__file__", None)
+    return path is not None and not os.path.realpath(path).startswith(_library_folders())
+
+
+@functools.cache
+def _library_folders() -> tuple[str, ...]:
+    """Where the standard library and installed packages live: their objects are not the user's."""
+    paths = sysconfig.get_paths()
+    folders = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
+    folders += [*site.getsitepackages(), site.getusersitepackages()]  # also a --user install's packages
+    return tuple({os.path.realpath(folder) + os.sep for folder in folders})
