@@ -188,7 +188,9 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     models, compiled_models = _models_called(instruments, used)
     result = ProfileResult(
         device=device, device_name=_device_name(torch, device), counted=instruments.mode or ONE_RUN,
-        step_seconds=step_seconds, warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
+        step_seconds=step_seconds, step_buckets=[{key: value for key, value in r.buckets.items() if value}
+                                                 for r in profiled],
+        warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
         breakdown=breakdown, syncs=syncs, copies=copies, flops=flops, compute=compute, ceiling=ceiling,
         operators=operators, memory_bound_share=memory_share, peak_memory=peak_memory,
         batch_size=instruments.batch_size, batches_per_step=accumulation, overhead_seconds=overhead,

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from html import escape
 
 from jupyter_gpu.gpuprofile.result import (
+    BUCKET_TITLES,
+    BUCKETS,
     DATA,
     ONE_RUN,
     SYNC,
@@ -139,11 +141,13 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
 
 
 def _breakdown_rows(result: ProfileResult) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = [("", "typical step", "share", "spread", "GPU time")]
+    # The GPU-time column only where CUDA events timed a phase: on the CPU it would stand empty.
+    gpu = any(bucket.gpu_seconds is not None for bucket in result.breakdown)
+    rows: list[tuple[str, ...]] = [("", "typical step", "share", "spread", *(("GPU time",) if gpu else ()))]
     for bucket in result.breakdown:
+        timed = format_seconds(bucket.gpu_seconds) if bucket.gpu_seconds is not None else ""
         rows.append((bucket.title, format_seconds(bucket.seconds), f"{bucket.share:.0%}",
-                     f"{format_seconds(bucket.low)} - {format_seconds(bucket.high)}",
-                     format_seconds(bucket.gpu_seconds) if bucket.gpu_seconds is not None else ""))
+                     f"{format_seconds(bucket.low)} - {format_seconds(bucket.high)}", *((timed,) if gpu else ())))
     return rows
 
 
@@ -293,6 +297,32 @@ def _applied_text(applied: AppliedFixes) -> list[str]:
     return lines
 
 
+# The per-step chart's tallest column and its width, in pixels: columns narrow as steps grow, 4 px at the least.
+STEP_CHART_HEIGHT = 96
+STEP_CHART_WIDTH = 400
+
+
+def _steps_chart_html(result: ProfileResult) -> str:
+    """One stacked column per profiled step, in the order they ran, its height the step's time: the typical bar
+    above hides what this shows, a first batch of each epoch waiting for the workers, a step with a collection."""
+    if len(result.step_buckets) < 2:
+        return ""
+    tallest = max(result.step_seconds) or 1.0
+    width = max(4, min(20, STEP_CHART_WIDTH // len(result.step_buckets)))
+    columns = []
+    for number, (seconds, buckets) in enumerate(zip(result.step_seconds, result.step_buckets, strict=True), 1):
+        parts = "".join(
+            f'<div title="step {number}: {escape(BUCKET_TITLES[key])} {escape(format_seconds(buckets[key]))}" '
+            f'style="height:{STEP_CHART_HEIGHT * buckets[key] / tallest:.1f}px;background:{COLOURS[key]}"></div>'
+            for key in reversed(BUCKETS) if buckets.get(key))
+        columns.append(f'<div title="step {number}: {escape(format_seconds(seconds))}" style="display:flex;'
+                       f'flex-direction:column;justify-content:flex-end;width:{width}px;'
+                       f'height:{STEP_CHART_HEIGHT}px">{parts}</div>')
+    return (f'<div style="font-size:.85em;opacity:.85">each profiled step in the order it ran (the tallest '
+            f'{escape(format_seconds(tallest))}; hover for its parts)</div>'
+            f'<div style="display:flex;gap:1px;align-items:flex-end;margin-bottom:.3em">{"".join(columns)}</div>')
+
+
 def _bar_html(buckets: list[Bucket], steps: int) -> str:
     total = sum(b.seconds for b in buckets) or 1.0
     parts = "".join(
@@ -328,6 +358,7 @@ def render_html(result: ProfileResult) -> str:
         parts.append("<div><b>Where each step goes</b> (a typical step: the mean of the middle half of the "
                      "profiled steps)</div>")
         parts.append(_bar_html(result.breakdown, result.steps))
+        parts.append(_steps_chart_html(result))
         parts.append(_table_html(_breakdown_rows(result)))
         span = _gpu_span_note(result)
         if span:

@@ -273,6 +273,7 @@ class ProfileResult(RichResult):
     device_name: str                             # "NVIDIA H200", or the CPU's model
     counted: str                                 # "optimizer steps", "DataLoader batches", "one run of the cell"
     step_seconds: list[float] = field(default_factory=list)     # each profiled step, wall time
+    step_buckets: list[dict[str, float]] = field(default_factory=list)  # each profiled step's seconds per bucket
     warmup_seconds: list[float] = field(default_factory=list)   # each warm-up step
     requested: int = 0                           # steps asked for (--steps); 0 with --seconds
     breakdown: list[Bucket] = field(default_factory=list)

@@ -612,8 +612,10 @@ def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_th
     assert "of a typical step" in text and "under torch.profiler, 53.0 ms per step there" in text
     # The phases' CUDA-event GPU time is a span that waits with the host: the note says so, with the kernels' time.
     assert "GPU time: each phase's span" not in text  # no phase has a GPU time here
+    assert not any(line.rstrip().endswith("GPU time") for line in text.splitlines())  # nor an empty column for it
     forward = replace(result.breakdown[1], gpu_seconds=0.0150)
     spans = render_text(replace(result, breakdown=[result.breakdown[0], forward, *result.breakdown[2:]]))
+    assert "spread             GPU time" in spans and "15.0 ms" in spans
     assert ("GPU time: each phase's span on the GPU (CUDA events around it), idle gaps included; its kernels ran "
             "6.88 ms of the whole step (18%, kernel timeline)") in spans
     # Kernels that fill most of the unprofiled step are not launch-bound, however idle the traced GPU looked.

@@ -1067,3 +1067,31 @@ def test_a_loop_without_a_dataloader_inside_a_function_or_stepping_every_few_ite
     result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\n" + accumulating).result
     assert result.ready_steps[0].name is None and "gradient accumulation" in result.ready_steps[0].reason
 
+
+
+def test_the_html_shows_each_step_as_a_stacked_column_where_a_stalled_batch_stands_out(ip) -> None:
+    # Every fourth batch waits 40 ms for its data (a slow sample): the typical step hides it, its column shows it.
+    ip.run_cell(MLP + """
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 512
+    def __getitem__(self, i):
+        if i % 64 == 0:
+            time.sleep(0.04)
+        return torch.randn(32), i % 10
+slow = DataLoader(Slow(), batch_size=16)
+""").raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 8 --warmup 1\nfor x, y in slow:\n    opt.zero_grad()\n"
+                         "    loss_fn(model(x), y).backward()\n    opt.step()\n").result
+    html = result._repr_html_()
+    columns = re.findall(r'<div title="step (\d+): ([^"]+)" style="display:flex', html)
+    assert [int(number) for number, _ in columns] == list(range(1, 9))
+    waits = {int(number): text for number, text in re.findall(r'title="step (\d+): waiting for data ([^"]+)"', html)}
+    stalled = [number for number in range(1, 9) if number in waits and waits[number].endswith(" ms")
+               and float(waits[number].split()[0]) >= 35]
+    # Batches 1, 5, 9 hold a slow sample (0, 64, 128); after one warm-up step, profiled step k trains on batch k + 1,
+    # so steps 4 and 8 wait for batches 5 and 9.
+    assert stalled == [4, 8], waits
+    assert len(result.step_buckets) == 8
+    assert all(sum(buckets.values()) == pytest.approx(seconds, rel=0.01)
+               for buckets, seconds in zip(result.step_buckets, result.step_seconds, strict=True))
