@@ -79,6 +79,20 @@ def _counted(result: ProfileResult) -> str:
     return counted
 
 
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+SPARK_MOST = 60  # characters: more steps than this are shown in groups, each by its slowest step
+
+
+def _sparkline(seconds: list[float]) -> str:
+    """The steps' times in the order they ran, one character each, from 0 to the slowest: a stall every few steps
+    (a slow sample, workers at an epoch's start) shows as its pattern."""
+    size = -(-len(seconds) // SPARK_MOST)
+    groups = [max(seconds[i:i + size]) for i in range(0, len(seconds), size)]
+    slowest = max(groups) or 1.0
+    return "".join(SPARK_LEVELS[min(len(SPARK_LEVELS) - 1, int(value / slowest * len(SPARK_LEVELS)))]
+                   for value in groups)
+
+
 def _facts(result: ProfileResult) -> list[tuple[str, str]]:
     rows = [("device", f"{result.device} ({result.device_name})"), ("counted", _counted(result))]
     if result.warmup_seconds and result.seconds:
@@ -90,7 +104,8 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
         fastest, slowest = min(result.step_seconds), max(result.step_seconds)
         rows.append(("step", f"typical {format_seconds(result.seconds)} (median "
                               f"{format_seconds(statistics.median(result.step_seconds))}), "
-                              f"{format_seconds(fastest)} - {format_seconds(slowest)}"))
+                              f"{format_seconds(fastest)} - {format_seconds(slowest)}"
+                              + (f", in order {_sparkline(result.step_seconds)}" if result.steps > 2 else "")))
     if result.samples_per_second is not None:
         per_step = (f"{result.batches_per_step} batches of {result.batch_size} per step"
                     if result.batches_per_step > 1 else f"batch of {result.batch_size}")

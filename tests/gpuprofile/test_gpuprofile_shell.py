@@ -139,8 +139,14 @@ def test_flops_are_counted_exactly_for_an_mlp(ip) -> None:
     with FlopCounterMode(display=False) as counter:
         loss_fn(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
     assert result.flops == counter.get_total_flops()
-    mm = {op.name: op for op in result.operators}
-    assert mm["addmm"].flops + mm["mm"].flops == result.flops and mm["addmm"].bytes > 0
+    # The table lists the step's ten slowest operators: on a loaded machine Adam's element-wise ones can push one of
+    # the two matmuls out of it. Those listed carry their FLOPs and bytes; nothing else is priced.
+    listed = {op.name: op for op in result.operators}
+    matmuls = [listed[name] for name in ("addmm", "mm") if name in listed]
+    assert matmuls and all(op.flops > 0 and op.bytes > 0 for op in matmuls)
+    assert all(op.flops == 0 for name, op in listed.items() if name not in ("addmm", "mm"))
+    if len(matmuls) == 2:
+        assert sum(op.flops for op in matmuls) == result.flops
 
 
 READS = """%%gpuprofile -o -q --steps 6 --warmup 2
@@ -1092,6 +1098,9 @@ slow = DataLoader(Slow(), batch_size=16)
     # Batches 1, 5, 9 hold a slow sample (0, 64, 128); after one warm-up step, profiled step k trains on batch k + 1,
     # so steps 4 and 8 wait for batches 5 and 9.
     assert stalled == [4, 8], waits
+    # In text, the step row draws each step's time in order: the two stalled steps are the tallest marks.
+    [spark] = re.findall(r"in order ([▁▂▃▄▅▆▇█]+)", str(result))
+    assert len(spark) == 8 and [i + 1 for i, mark in enumerate(spark) if mark == "█"] == [4, 8], spark
     assert len(result.step_buckets) == 8
     assert all(sum(buckets.values()) == pytest.approx(seconds, rel=0.01)
                for buckets, seconds in zip(result.step_buckets, result.step_seconds, strict=True))
