@@ -185,6 +185,30 @@ def test_a_librarys_objects_are_left_as_the_step_leaves_them() -> None:
     assert probe.changed == []
 
 
+def test_a_probe_names_the_loader_iterator_its_calls_moved_on() -> None:
+    from jupyter_gpu.speedprobe.runner import probe_speed
+
+    ns = notebook()
+    exec(textwrap.dedent("""
+        train_iter = iter(loader)
+
+        def next_batch_step():  # the infinite-loader pattern: a new epoch where the iterator ends
+            global train_iter
+            try:
+                batch = next(train_iter)
+            except StopIteration:
+                train_iter = iter(loader)
+                batch = next(train_iter)
+            return train_body(batch)
+    """), ns)
+    first = ns["train_iter"]
+    speed = probe_speed(ns["next_batch_step"], options=("fused-optimizer",), steps=2, namespace=ns)
+    taken = ns["train_iter"]._num_yielded
+    assert ns["train_iter"] is first and taken > 2  # the binding is put back; the batches it gave are not
+    assert (f"The probe's calls of the step moved DataLoader iterators of the notebook on (train_iter by {taken} "
+            "batches)") in " ".join(speed.notes), speed.notes
+
+
 def test_speedprobe_batchprobe_and_dataprobe_leave_the_notebooks_variables_as_they_were(capsys, tmp_path) -> None:
     from jupyter_gpu.batchprobe.runner import ProbeRequest, probe_batch_size
     from jupyter_gpu.dataprobe.runner import probe_loader

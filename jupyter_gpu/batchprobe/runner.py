@@ -37,6 +37,7 @@ from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_census import StepCensus
 from jupyter_gpu.probekit.step_output import StepOutput
+from jupyter_gpu.probekit.step_variables import advanced_iterators_note
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -140,6 +141,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
                 (progress or _silent)("")
         snapshot_bytes = snapshot.host_bytes
         changed = snapshot.changed_variables
+        moved = advanced_iterators_note(snapshot.advanced_iterators, "The probe's calls of the step")
         del snapshot, runner.snapshot  # the host copies go now: the "after" figure must not count them
         release_last_error(shell)  # collects, too
         budget.release_cache()
@@ -148,6 +150,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         budget.close()
     notes += [restarted_note(name) for name in restarted]
     notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
+    notes += filter(None, [moved])
     printed = runner.output.note(getattr(step, "__name__", "the step"))
     if printed is not None:
         notes.append(printed)

@@ -93,6 +93,13 @@ def _sparkline(seconds: list[float]) -> str:
                    for value in groups)
 
 
+def _flop_amount(flops: int) -> str:
+    """GFLOP from 0.1 GFLOP up, below that MFLOP: a small MLP's 311,296 FLOPs read "0.000 GFLOP"."""
+    if flops >= 1e8:
+        return f"{flops / 1e9:,.3f} GFLOP"
+    return f"{flops / 1e6:.3g} MFLOP"
+
+
 def _facts(result: ProfileResult) -> list[tuple[str, str]]:
     rows = [("device", f"{result.device} ({result.device_name})"), ("counted", _counted(result))]
     if result.warmup_seconds and result.seconds:
@@ -112,7 +119,7 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
         rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s ({per_step})"))
     if result.flops:
         counted = "forward and backward" if "backward" in result.compute_phases else "forward only: no backward ran"
-        rows.append(("FLOPs", f"{result.flops / 1e9:,.3f} GFLOP per step ({counted}, "
+        rows.append(("FLOPs", f"{_flop_amount(result.flops)} per step ({counted}, "
                               f"torch.utils.flop_counter formulas), {result.compute}"))
     if result.achieved_flops:
         achieved = f"{result.achieved_flops / 1e12:.3g} TFLOP/s"

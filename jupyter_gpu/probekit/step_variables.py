@@ -116,6 +116,17 @@ class StepVariables:
     def __init__(self, entries: list[tuple[dict[str, Any], str, Any, Any]]) -> None:
         self._entries = entries  # (namespace, name, the object bound, a copy of its contents or None)
         self.changed: list[str] = []  # names a restore found changed, in the order first seen
+        # DataLoader iterators among them, with the batches each had yielded: an iterator cannot be rewound, so the
+        # report says how far the run moved it (`train_iter = iter(loader)` before a `next(train_iter)` loop).
+        self._iterators = [(name, value, value._num_yielded) for _, name, value, _ in entries
+                           if _is_loader_iterator(value)]
+
+    @property
+    def advanced_iterators(self) -> list[tuple[str, int]]:
+        """(name, batches) of each DataLoader iterator the run took batches from; its binding is put back, its
+        position cannot be."""
+        return [(name, iterator._num_yielded - before) for name, iterator, before in self._iterators
+                if iterator._num_yielded > before]
 
     @classmethod
     def take(cls, step: Any, skip: set[int], whole_run: bool = False) -> StepVariables:
@@ -174,6 +185,23 @@ class _Counters(dict):
     carries from call to call): put back so every configuration a probe measures starts its calls at the same count.
     Without it a lifted nanoGPT loop ran its `if iter % eval_interval == 0` evaluation in the first baseline run
     only, drew other random batches in the second, and was judged "not the same computation twice"."""
+
+
+def _is_loader_iterator(value: Any) -> bool:
+    torch = loaded_torch()
+    loader_iterator = getattr(getattr(getattr(torch, "utils", None), "data", None), "dataloader", None)
+    base = getattr(loader_iterator, "_BaseDataLoaderIter", None)
+    return base is not None and isinstance(value, base) and isinstance(getattr(value, "_num_yielded", None), int)
+
+
+def advanced_iterators_note(advanced: list[tuple[str, int]], who: str) -> str | None:
+    """One sentence on the DataLoader iterators `who` ("the cell", "the probe's calls") moved on, or None."""
+    if not advanced:
+        return None
+    moved = ", ".join(f"{name} by {count} batch{'es' if count != 1 else ''}" for name, count in advanced)
+    return (f"{who} moved DataLoader iterators of the notebook on ({moved}): an iterator cannot be rewound, so the "
+            "next run goes on from there; make a new one (`train_iter = iter(loader)`) to start from an epoch's "
+            "beginning.")
 
 
 def _counters(func: types.FunctionType) -> _Counters | None:

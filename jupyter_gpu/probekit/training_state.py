@@ -628,6 +628,11 @@ class StateSnapshot:
         return cls(store, parts, _RngState())
 
     @property
+    def advanced_iterators(self) -> list[tuple[str, int]]:
+        """(name, batches) of the notebook's DataLoader iterators the step moved on: those cannot be put back."""
+        return [item for part in self._parts if isinstance(part, StepVariables) for item in part.advanced_iterators]
+
+    @property
     def changed_variables(self) -> list[str]:
         """The step's notebook variables a restore found changed and put back (`global_step`, `losses`)."""
         return [name for part in self._parts if isinstance(part, StepVariables) for name in part.changed]

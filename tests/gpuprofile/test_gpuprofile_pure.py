@@ -500,9 +500,11 @@ def test_a_step_faster_than_the_big_matmul_in_its_format_has_no_ceiling_to_compa
     result = with_plan(profile(device="cpu", compute="fp16", flops=int(1.6e7), ceiling=slow, gpu_busy=None),
                        loaders=[], total_memory=None)  # 1.6e7 FLOP in 0.1 s: 0.16 GFLOP/s... 0.4x the matmul
     assert result.of_ceiling == pytest.approx(0.4) and not result.beyond_ceiling
+    assert "FLOPs             16 MFLOP per step" in str(result)  # not "0.016 GFLOP"
     faster = with_plan(replace(result, flops=int(1.6e9)), loaders=[], total_memory=None)  # 16 GFLOP/s: 40x it
     assert faster.beyond_ceiling and faster.of_ceiling is None
     text = str(faster)
+    assert "FLOPs             1.600 GFLOP per step" in text
     assert "matmul ceiling" not in text.splitlines()[0] and "%" not in text.split("measured ceiling")[1].split("\n")[0]
     assert "it is no ceiling: this CPU has no fast fp16 matmul for big matrices" in text
     assert not any(item.cause.startswith("compute below") for item in faster.plan)

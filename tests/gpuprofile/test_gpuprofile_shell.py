@@ -306,6 +306,19 @@ def test_a_step_based_loop_with_next_and_a_max_steps_guard_is_lifted_and_its_ste
         assert not torch.equal(before, ip.user_ns["model"].state_dict()["0.weight"])  # one real optimizer step
 
 
+def test_a_loader_iterator_made_before_the_cell_is_named_with_how_far_the_profile_moved_it(ip) -> None:
+    # HF-style step-based training: `train_iter = iter(loader)` in one cell, `next(train_iter)` in the loop. The
+    # profile's steps take batches from it that cannot be given back: said, not claimed put back.
+    ip.run_cell(MLP + "train_iter = iter(loader)\n").raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor step in range(500):\n"
+                         "    inputs, labels = next(train_iter)\n    opt.zero_grad()\n"
+                         "    loss_fn(model(inputs), labels).backward()\n    opt.step()\n").result
+    taken = ip.user_ns["train_iter"]._num_yielded
+    assert result.steps == 3 and taken >= 4  # warm-up, profiled and the counted step each took a batch
+    assert (f"The cell moved DataLoader iterators of the notebook on (train_iter by {taken} batches): an iterator "
+            "cannot be rewound") in " ".join(result.notes), result.notes
+
+
 def test_a_short_cell_is_profiled_as_far_as_it_ran(ip) -> None:
     ip.run_cell(MLP).raise_error()
     result = ip.run_cell("%%gpuprofile -o -q\nfor i, (x, y) in enumerate(loader):\n    if i == 12:\n"
