@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from jupyter_gpu.gpuprofile.result import COPIES, DATA, GC, OTHER, PlanItem, ProfileResult, ReadyStep, how_often
+from jupyter_gpu.gpuprofile.result import (
+    BUCKET_TITLES,
+    COPIES,
+    DATA,
+    GC,
+    OTHER,
+    SYNC,
+    PlanItem,
+    ProfileResult,
+    ReadyStep,
+    how_often,
+)
 from jupyter_gpu.speedprobe.catalog import CodeContext, adopt_lines
 from jupyter_gpu.units import format_seconds
 
@@ -101,6 +112,9 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         add("garbage collection pauses", gc_bucket.seconds,
             "import gc; gc.freeze()  (after the model and data are built)",
             "Python's cycle collector walked every object the notebook holds")
+    stalls = _stalls_item(result, loaders)
+    if stalls is not None:
+        items.append(stalls)
     other = result.bucket(OTHER)
     if other is not None and other.share >= OTHER_SHARE:
         add("other host time", other.seconds, "log, print and update progress bars every N steps, not every step",
@@ -118,6 +132,29 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
                                   detail=f"{', '.join(sync.kinds)}, {how_often(sync.per_step)}; free on the CPU, "
                                          "a wait for the GPU on CUDA"))
     return replace(result, plan=items)
+
+
+def _stalls_item(result: ProfileResult, loaders: list[str]) -> PlanItem | None:
+    """Steps that stall again and again: the typical step leaves them out, the run pays them. Their time lost per step
+    is the mean step over the typical one; the fix follows the bucket they grow."""
+    cause = result.stall_cause()
+    mean, step = result.mean_seconds, result.seconds
+    if cause is None or not mean or not step or mean <= step:
+        return None
+    stalled = [result.step_seconds[i] for i in result.stalled_steps]
+    commands = {
+        DATA: _command(result, "%dataprobe", f"%dataprobe {loaders[0] if loaders else 'LOADER'} --step STEP"),
+        GC: "import gc; gc.freeze()  (after the model and data are built)",
+        SYNC: "edit the sync lines above: read values every N steps, not every step",
+    }
+    command = commands.get(cause, "look at what the loop does every few steps (evaluation, checkpoints, logging)")
+    numbers = ", ".join(str(i + 1) for i in result.stalled_steps[:8]) + (", ..." if len(stalled) > 8 else "")
+    return PlanItem(
+        cause=f"recurring stalls, mostly {BUCKET_TITLES[cause]}", seconds=mean - step, ceiling=mean / step,
+        command=command,
+        detail=f"{len(stalled)} of {result.steps} profiled steps took {format_seconds(min(stalled))} - "
+               f"{format_seconds(max(stalled))} (steps {numbers}) against a typical {format_seconds(step)}: the "
+               f"mean step is {format_seconds(mean)}, and the typical step's shares leave the stalls out")
 
 
 def _compute_seconds(result: ProfileResult) -> float:

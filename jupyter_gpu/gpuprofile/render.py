@@ -17,6 +17,7 @@ from jupyter_gpu.gpuprofile.result import (
     BUCKETS,
     DATA,
     ONE_RUN,
+    STALL_FACTOR,
     SYNC,
     AppliedFixes,
     Bucket,
@@ -61,6 +62,10 @@ def verdict_line(result: ProfileResult) -> str:
         if biggest is not None:
             parts.append(f"{biggest.share:.0%} {biggest.title}")
     status = " (interrupted)" if result.interrupted else " (the cell raised)" if result.error else ""
+    cause = result.stall_cause()
+    if cause is not None and result.mean_seconds:
+        status += (f" (mean {format_seconds(result.mean_seconds)}: {len(result.stalled_steps)} of {result.steps} "
+                   f"steps stalled, {BUCKET_TITLES[cause]})")
     return f"gpuprofile: {format_seconds(result.seconds)}/step{status}: " + ", ".join(parts)
 
 
@@ -93,6 +98,24 @@ def _sparkline(seconds: list[float]) -> str:
                    for value in groups)
 
 
+def _slowest_step(result: ProfileResult) -> str | None:
+    """"step 16, 86.3 ms: 32.7 ms waiting for data, 31.4 ms other host time" for an outlier, else None."""
+    if not result.step_buckets or not result.seconds:
+        return None
+    index = max(range(result.steps), key=lambda i: result.step_seconds[i])
+    seconds = result.step_seconds[index]
+    if seconds < STALL_FACTOR * result.seconds:
+        return None
+    typical = {bucket.key: bucket.seconds for bucket in result.breakdown}
+    # Where it spent more than a typical step does, largest first: what made it slow.
+    extra = sorted(((value - typical.get(key, 0.0), key, value) for key, value in result.step_buckets[index].items()),
+                   reverse=True)
+    parts = [f"{format_seconds(value)} {BUCKET_TITLES[key].split(' (')[0]}" for over, key, value in extra[:2]
+             if over > 0.1 * (seconds - result.seconds)]
+    return (f"step {index + 1}, {format_seconds(seconds)} ({seconds / result.seconds:.1f}x the typical step)"
+            + (f": {', '.join(parts)}" if parts else ""))
+
+
 def _flop_amount(flops: int) -> str:
     """GFLOP from 0.1 GFLOP up, below that MFLOP: a small MLP's 311,296 FLOPs read "0.000 GFLOP"."""
     if flops >= 1e8:
@@ -113,10 +136,17 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
                               f"{format_seconds(statistics.median(result.step_seconds))}), "
                               f"{format_seconds(fastest)} - {format_seconds(slowest)}"
                               + (f", in order {_sparkline(result.step_seconds)}" if result.steps > 2 else "")))
+        slowest_row = _slowest_step(result)
+        if slowest_row is not None:
+            rows.append(("slowest step", slowest_row))
     if result.samples_per_second is not None:
         per_step = (f"{result.batches_per_step} batches of {result.batch_size} per step"
                     if result.batches_per_step > 1 else f"batch of {result.batch_size}")
-        rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s ({per_step})"))
+        over_all = ""
+        if result.recurring_stalls and result.mean_seconds:
+            rate = result.samples_per_second * result.seconds / result.mean_seconds
+            over_all = f"; {format_rate(rate)} over the profiled steps, stalls included"
+        rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s ({per_step}){over_all}"))
     if result.flops:
         counted = "forward and backward" if "backward" in result.compute_phases else "forward only: no backward ran"
         rows.append(("FLOPs", f"{_flop_amount(result.flops)} per step ({counted}, "

@@ -263,6 +263,11 @@ class ReadyStep:
 
 
 CEILING_SLACK = 1.1  # a step this much faster than the measured matmul ceiling shows it is no ceiling
+# A step this many times the typical one stalled; two or more such steps in a profile are a pattern (a slow sample
+# every few batches, workers that cannot keep up), whose cost the typical step leaves out by design.
+STALL_FACTOR = 1.5
+RECURRING_STALLS = 2
+STALLS_COST = 1.2  # ... and they are worth a plan item where they make the mean step this much above the typical one
 
 
 @dataclass(frozen=True, repr=False)  # RichResult's short repr, not every field
@@ -360,6 +365,33 @@ class ProfileResult(RichResult):
         return next((b for b in self.breakdown if b.key == key), None)
 
     @property
+    def mean_seconds(self) -> float | None:
+        """The mean profiled step: what the run took per step, stalls included."""
+        return statistics.fmean(self.step_seconds) if self.step_seconds else None
+
+    @property
+    def stalled_steps(self) -> list[int]:
+        """Indices of the profiled steps that took STALL_FACTOR times the typical step or more."""
+        step = self.seconds
+        return [i for i, seconds in enumerate(self.step_seconds) if step and seconds >= STALL_FACTOR * step]
+
+    @property
+    def recurring_stalls(self) -> bool:
+        mean, step = self.mean_seconds, self.seconds
+        return (len(self.stalled_steps) >= RECURRING_STALLS and bool(self.step_buckets) and bool(mean and step)
+                and mean >= STALLS_COST * step)
+
+    def stall_cause(self) -> str | None:
+        """The bucket the stalls add the most to, averaged over every profiled step (None without stalls)."""
+        if not self.recurring_stalls:
+            return None
+        typical_seconds = {bucket.key: bucket.seconds for bucket in self.breakdown}
+        excess = {key: statistics.fmean(buckets.get(key, 0.0) for buckets in self.step_buckets)
+                  - typical_seconds.get(key, 0.0) for key in BUCKETS}
+        cause = max(excess, key=lambda key: excess[key])
+        return cause if excess[cause] > 0 else None
+
+    @property
     def compute_phases(self) -> str:
         """The phases the step computed in, as the report names them: "forward+backward+optimizer", or "forward"
         for an evaluation loop (no backward, no optimizer step took time)."""
@@ -385,5 +417,6 @@ class ProfileResult(RichResult):
         out["ceiling"] = self.ceiling.to_dict() if self.ceiling else None
         out["gpu_timeline"] = self.gpu_timeline.to_dict() if self.gpu_timeline else None
         out.update(steps=self.steps, seconds=self.seconds, achieved_flops=self.achieved_flops, mfu=self.mfu,
-                   of_ceiling=self.of_ceiling, samples_per_second=self.samples_per_second)
+                   of_ceiling=self.of_ceiling, samples_per_second=self.samples_per_second,
+                   mean_seconds=self.mean_seconds, stalled_steps=self.stalled_steps)
         return out

@@ -16,6 +16,7 @@ from jupyter_gpu.gpuprofile.result import (
     BACKWARD,
     DATA,
     FORWARD,
+    GC,
     OPTIMIZER,
     OTHER,
     SYNC,
@@ -480,6 +481,34 @@ def test_the_plan_ranks_causes_by_time_lost_with_their_ceilings_and_commands() -
     assert sync.seconds == pytest.approx(0.004) and "line 14" in sync.command
     seconds = [item.seconds for item in result.plan if item.seconds]
     assert seconds == sorted(seconds, reverse=True)
+
+
+def _steps(seconds: list[float], gc_at: dict[int, float]) -> dict:
+    """Step times and buckets in the shape of profile()'s typical step, the extra of step i charged to GC."""
+    typical = {DATA: 0.046, FORWARD: 0.02, BACKWARD: 0.02, OPTIMIZER: 0.004, SYNC: 0.004, OTHER: 0.006}
+    buckets = [dict(typical, **({GC: gc_at[i]} if i in gc_at else {})) for i in range(len(seconds))]
+    return {"step_seconds": seconds, "step_buckets": buckets}
+
+
+def test_stalls_that_recur_are_a_plan_item_and_a_one_off_is_only_named() -> None:
+    # A collection every fifth step, 0.4 s each: the typical step (the interquartile mean) leaves them out, the run
+    # pays them. One stalled step (an epoch's end) in twenty is not a pattern.
+    recurring = with_plan(profile(**_steps([0.5 if i % 5 == 4 else 0.1 for i in range(20)],
+                                           {i: 0.4 for i in range(4, 20, 5)})), loaders=[], total_memory=None)
+    assert recurring.mean_seconds == pytest.approx(0.18) and recurring.stalled_steps == [4, 9, 14, 19]
+    [stalls] = [item for item in recurring.plan if item.cause.startswith("recurring stalls")]
+    assert stalls.cause == "recurring stalls, mostly garbage collection" and "gc.freeze()" in stalls.command
+    assert stalls.seconds == pytest.approx(0.08) and stalls.ceiling == pytest.approx(1.8)
+    assert "4 of 20 profiled steps took 500 ms - 500 ms (steps 5, 10, 15, 20)" in stalls.detail
+    assert recurring.plan[0] is stalls  # 80 ms/step, before the data wait's 46
+    text = str(recurring)
+    assert "/step (mean 180 ms: 4 of 20 steps stalled, garbage collection):" in text.splitlines()[0]
+    assert "slowest step      step 5, 500 ms (5.0x the typical step): 400 ms garbage collection" in text
+    one_off = with_plan(profile(**_steps([0.5] + [0.1] * 19, {0: 0.4})), loaders=[], total_memory=None)
+    assert not one_off.recurring_stalls and not any(i.cause.startswith("recurring") for i in one_off.plan)
+    assert "stalled" not in str(one_off).splitlines()[0] and "slowest step      step 1, 500 ms" in str(one_off)
+    assert recurring.to_dict()["stalled_steps"] == [4, 9, 14, 19]
+    assert one_off.to_dict()["mean_seconds"] == pytest.approx(0.12)
 
 
 def test_on_the_cpu_a_sync_is_listed_but_not_ranked_by_its_microseconds() -> None:
