@@ -312,7 +312,8 @@ def _applied_rows(applied: AppliedFixes) -> list[tuple[str, ...]]:
     def mean_loss(f: RunFigures) -> str:
         return f"{statistics.fmean(f.losses):.{decimals}f}" if f.losses else "n/a"
 
-    rows = [row("step", lambda f: format_seconds(f.seconds)),
+    stalls = any(f is not None and f.stalls_included for f in (applied.before, applied.after))
+    rows = [row("step (mean: stalls recur)" if stalls else "step", lambda f: format_seconds(f.seconds)),
             row("samples/s", lambda f: format_rate(f.samples_per_second)),
             row("MFU", lambda f: share(f.mfu)),
             row("of the matmul ceiling", lambda f: share(f.of_ceiling)),

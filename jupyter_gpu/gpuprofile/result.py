@@ -189,6 +189,7 @@ class RunFigures:
     losses: list[float] = field(default_factory=list)  # the loss at each profiled step, as backward() saw it
     step_seconds: list[float] = field(default_factory=list)  # each profiled step (of every run pooled)
     run_seconds: list[float] = field(default_factory=list)   # each run's typical step, in the order they ran
+    stalls_included: bool = False  # seconds is the mean step: stalls recurred, and the typical step leaves them out
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -400,12 +401,19 @@ class ProfileResult(RichResult):
         return "+".join(phases) or "forward+backward+optimizer"
 
     def figures(self) -> RunFigures:
+        """This run as --apply compares it: its typical step, or its mean step where stalls recur (a loader fix that
+        ends them would leave the typical step, which leaves them out, as it was)."""
         data, sync = self.bucket(DATA), self.bucket(SYNC)
-        return RunFigures(seconds=self.seconds, samples_per_second=self.samples_per_second, mfu=self.mfu,
+        stalls = self.recurring_stalls
+        seconds = self.mean_seconds if stalls else self.seconds
+        rate = self.samples_per_second
+        if rate is not None and seconds and self.seconds:
+            rate *= self.seconds / seconds
+        return RunFigures(seconds=seconds, samples_per_second=rate, mfu=self.mfu,
                           of_ceiling=self.of_ceiling, peak_memory=self.peak_memory,
                           data_share=data.share if data else None, sync_share=sync.share if sync else None,
                           losses=list(self.losses), step_seconds=list(self.step_seconds),
-                          run_seconds=[self.seconds] if self.seconds else [])
+                          run_seconds=[seconds] if seconds else [], stalls_included=stalls)
 
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -508,6 +508,11 @@ def test_stalls_that_recur_are_a_plan_item_and_a_one_off_is_only_named() -> None
     assert not one_off.recurring_stalls and not any(i.cause.startswith("recurring") for i in one_off.plan)
     assert "stalled" not in str(one_off).splitlines()[0] and "slowest step      step 1, 500 ms" in str(one_off)
     assert recurring.to_dict()["stalled_steps"] == [4, 9, 14, 19]
+    # --apply compares what each run pays: a fix that ends the stalls leaves the typical step as it was.
+    figures = recurring.figures()
+    assert figures.seconds == pytest.approx(0.18) and figures.stalls_included
+    assert figures.samples_per_second == pytest.approx(256 / 0.18)
+    assert one_off.figures().seconds == pytest.approx(0.1) and not one_off.figures().stalls_included
     assert one_off.to_dict()["mean_seconds"] == pytest.approx(0.12)
 
 
@@ -763,6 +768,9 @@ def test_apply_leaves_out_a_figure_neither_run_has() -> None:
     shown = str(replace(profile(), applied=applied))
     table = shown[shown.index("--apply"):]
     assert "n/a" not in table and "MFU" not in table and "loss (mean" not in table
+    assert "  step  " in table and "stalls recur" not in table
+    stalled = AppliedFixes(["loader"], [], [], [], replace(run(0.05), stalls_included=True), run(0.013))
+    assert "step (mean: stalls recur)" in str(replace(profile(), applied=stalled))
     assert "of the matmul ceiling" in table and "samples/s" in table
 
 
