@@ -88,6 +88,56 @@ class Run:
     # only): the code to adopt names these, not every model the notebook holds.
     called_models: set[int] | None = None
     stepped_optimizers: set[int] | None = None
+    # Per parameter, the RMS of its gradient in the first step (the baseline's reference run only; None for a
+    # parameter that got none): which updates are made of rounding noise (null_gradients).
+    gradient_rms: list[float | None] | None = None
+
+
+# A parameter whose first gradient's RMS is this small beside the step's over all parameters holds rounding noise,
+# not a gradient: its exact gradient is zero, as for a bias that feeds BatchNorm in training mode (the batch mean it
+# adds is subtracted again). fp32 leaves it at ~1e-7 of the others; Adam then makes a full-size step of that noise,
+# different in every format and every order of summation, so such updates cannot be compared.
+NULL_GRADIENT = 1e-5
+
+
+def null_gradients(gradient_rms: list[float | None] | None, sizes: list[int]) -> set[int]:
+    """Indices of the parameters whose first gradient is rounding noise beside the others (NULL_GRADIENT)."""
+    if not gradient_rms:
+        return set()
+    squares = sum(rms * rms * size for rms, size in zip(gradient_rms, sizes, strict=True) if rms)
+    counted = sum(size for rms, size in zip(gradient_rms, sizes, strict=True) if rms is not None)
+    overall = math.sqrt(squares / counted) if counted else 0.0
+    return {index for index, rms in enumerate(gradient_rms)
+            if rms is not None and overall > 0 and rms < NULL_GRADIENT * overall}
+
+
+class GradientSizes:
+    """While entered, the RMS of each parameter's gradient as it last accumulated (the step's final gradient, also
+    under gradient accumulation), read by post-accumulate-grad hooks: a step may zero its gradients at its end."""
+
+    def __init__(self, params: list[Any]) -> None:
+        self._params = params
+        self._handles: list[Any] = []
+        self.rms: dict[int, float] = {}
+
+    def __enter__(self) -> GradientSizes:
+        for index, param in enumerate(self._params):
+            if param.requires_grad:
+                self._handles.append(param.register_post_accumulate_grad_hook(
+                    lambda tensor, index=index: self._read(index, tensor)))
+        return self
+
+    def _read(self, index: int, param: Any) -> None:
+        grad = param.grad
+        if grad is not None and grad.numel() and not grad.is_sparse:
+            self.rms[index] = float(grad.detach().float().pow(2).mean().sqrt())
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def per_parameter(self) -> list[float | None]:
+        return [self.rms.get(index) for index in range(len(self._params))]
 
 
 @dataclass
@@ -144,8 +194,12 @@ class StepRunner:
                     # The first call's outputs: what a forward-only step is judged on (the baseline's inspected run
                     # is where the probe learns whether the step trains).
                     capture = index == 0 and (inspect_step or self.setting.forward_only)
-                    seconds, value = self._one_step(applied, clock, counted, record,
-                                                    inspect_step and counted, capture_outputs=capture)
+                    sizes = GradientSizes(self.params) if index == 0 and inspect_step else None
+                    with sizes if sizes is not None else contextlib.nullcontext():
+                        seconds, value = self._one_step(applied, clock, counted, record,
+                                                        inspect_step and counted, capture_outputs=capture)
+                    if sizes is not None:
+                        record.gradient_rms = sizes.per_parameter()
                 except StepRaised as raised:
                     record.error = str(raised)
                     break
