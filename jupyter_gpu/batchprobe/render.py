@@ -81,7 +81,9 @@ def summary_rows(result: BatchProbeResult) -> list[tuple[str, str]]:
         rows.append(("memory model", f"peak ≈ {format_bytes(intercept)} + {format_bytes(per_sample)} per sample"))
     reruns = sum(1 for t in result.trials if t.purpose == VERIFY)
     recommendation = sum(1 for t in result.trials if t.purpose == RECOMMEND)
-    rows.append(("search", f"{result.search_trials} trials to find the limit"
+    # Stopped by --max-seconds, the trials did not find the limit: the line says so, as the headline does.
+    found = "before the time limit" if result.limited_by == "time limit" else "to find the limit"
+    rows.append(("search", f"{result.search_trials} trials {found}"
                            + (f" + {reruns} re-run of the answer after a failure" if reruns else "")
                            + (" + 1 at the recommended size" if recommendation else "")
                            + f", {result.steps} step{'s' if result.steps != 1 else ''} each"

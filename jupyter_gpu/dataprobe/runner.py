@@ -130,7 +130,8 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         target = StepTarget(step, device, device.type == "cuda")
         if step_name is None:
             step_name = getattr(step, "__name__", type(step).__name__)
-    probe = _Probe(torch, recipe, target, restore, request, progress or _silent, loader, loader_name, context)
+    probe = _Probe(torch, recipe, target, restore, request, progress or _silent, loader, loader_name, context,
+                   step_name or "step")
     memory_before = _cuda_allocated(torch)
     restarted: list[str] = []
     caught: list[warnings.WarningMessage] = []
@@ -184,7 +185,8 @@ class _Probe:
 
     def __init__(self, torch: Any, recipe: Any, target: StepTarget | None, restore: Callable[[], None],
                  request: DataProbeRequest, progress: Progress, loader: Any, loader_name: str,
-                 context: Any) -> None:
+                 context: Any, step_name: str = "step") -> None:
+        self.step_name = step_name
         self.recipe = recipe
         self.target = target
         self.request = request
@@ -254,10 +256,12 @@ class _Probe:
             del sample
             # A setting whose workers duplicate the data is not kept, however well it keeps up: sweep instead.
             if self._verdict() == "compute-bound" and not self._current_duplicates():
+                # %speedprobe takes a step with its own batch: the note writes it from the user's own names.
                 self.notes.append("The step is the bottleneck, not the loader: the sweep was not run. Time the "
                                   "step with %%gputime to see where its time goes, and measure what AMP, TF32, "
-                                  "channels_last, fused optimizers and torch.compile buy on it with %speedprobe "
-                                  "(on a step with its own batch: def step(): return train_step(batch)).")
+                                  "channels_last, fused optimizers and torch.compile buy on it with %speedprobe, "
+                                  f"on a step with its own batch: batch = next(iter({self.loader_name})); "
+                                  f"def whole_step(): return {self.step_name}(batch); then %speedprobe whole_step.")
                 rate = self.together.samples_per_second if self.together is not None else None
                 if rate is not None:  # keep what you have: it is what was measured keeping up
                     self.recommendation = (self.baseline_settings, rate, rate)

@@ -62,6 +62,8 @@ def test_the_search_stops_before_a_trial_that_would_end_past_the_limit_and_says_
     assert f"the next trial (batch {limit['next_size']}) would take about" in text
     assert "raise --max-seconds" in text and f"--start {result.max_batch_size}" in text
     assert "max batch size" not in text  # it is not the most that fits, and does not say so
+    assert f"{result.search_trials} trials before the time limit" in str(result)  # not "to find the limit"
+    assert "to find the limit" not in str(result)
 
 
 def test_without_a_limit_the_same_step_is_searched_to_its_memory_limit() -> None:

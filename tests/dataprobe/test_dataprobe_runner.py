@@ -107,10 +107,14 @@ def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
 @pytest.mark.timing  # a verdict from measured times: another test's load can tip it
 def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
     loader = loader_for_ratio(0.2, step_seconds=VERDICT_STEP_SECONDS, num_workers=1, persistent_workers=True)
-    result = probe(loader, sleepy_step(VERDICT_STEP_SECONDS), workers=(0, 1, 2), seconds=4.0)
+    result = run_dataprobe(loader, sleepy_step(VERDICT_STEP_SECONDS), DataProbeRequest((0, 1, 2), 4.0),
+                           loader_name="train_loader", step_name="train_on")
     assert result.verdict == "compute-bound", result.wait_fraction
     assert [trial.stage for trial in result.trials] == [CURRENT, CURRENT]
-    assert any("%%gputime" in note and "%speedprobe" in note for note in result.notes)
+    # The step for %speedprobe is written from the user's names (it said `train_step`, a name the notebook had for
+    # its %batchprobe step).
+    assert any("%%gputime" in note and "batch = next(iter(train_loader)); def whole_step(): return train_on(batch); "
+               "then %speedprobe whole_step." in note for note in result.notes), result.notes
     assert result.recommended == result.current.kwargs() and result.code() is None  # keep what you have
     assert "keep your setting" in str(result)
 
