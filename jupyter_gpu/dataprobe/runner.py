@@ -383,6 +383,10 @@ class _Probe:
             self.skipped.append("deeper prefetch and non-persistent workers: the loader already keeps up with the "
                                 "step")
             second = [variant for variant in second if variant.pin_memory != best.pin_memory]
+        # A variant of the user's setting can be a setting the first stage already measured (its persistent one):
+        # measured again, it showed as a second row with the same label and other numbers, and took the budget.
+        measured = {trial.settings for trial in self._mode_trials()}
+        second = [variant for variant in second if variant not in measured]
         self.windows_left += SWEEP_WINDOWS * len(second)
         for settings in second:
             self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)

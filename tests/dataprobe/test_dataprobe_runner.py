@@ -104,6 +104,16 @@ def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
     assert not any(trial.settings.pin_memory for trial in result.trials)  # pinning is for a GPU step
 
 
+@pytest.mark.timing
+def test_no_setting_is_swept_twice_when_a_variant_of_the_users_is_one_the_sweep_measured():
+    # The user's 2 non-persistent workers cannot keep up; the sweep measures 2 persistent ones. Whichever is best, its
+    # variants include the other: measured again, it was a second row with the same label and other numbers.
+    loader = loader_for_ratio(3.0, step_seconds=STEP_SECONDS, num_workers=2, persistent_workers=False)
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(2,), seconds=6.0)
+    measured = [trial.settings for trial in result.trials if trial.stage in (CURRENT, SWEEP) and trial.mode == LOOP]
+    assert len(measured) == len(set(measured)) >= 2, [settings.label() for settings in measured]
+
+
 @pytest.mark.timing  # a verdict from measured times: another test's load can tip it
 def test_a_compute_bound_step_is_named_and_the_loader_is_not_tuned():
     loader = loader_for_ratio(0.2, step_seconds=VERDICT_STEP_SECONDS, num_workers=1, persistent_workers=True)
