@@ -7,7 +7,7 @@ the renderer (titles and code), so a new option is added in one place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jupyter_gpu.speedprobe.step_code import ForwardCode
 
@@ -99,6 +99,11 @@ def _optimizer_line(optimizer: OptimizerCode) -> str:
     return f"{optimizer.name} = {optimizer.class_path}({optimizer.parameters}, {flag})  # keep your other arguments"
 
 
+# Where the step's own forward lines could not be quoted (no source, a backward inside a loop of micro-batches, two
+# losses, its own autocast), the line stands for them and says so: `loss_fn`, `x` and `y` are not the notebook's.
+TEMPLATE = "# stands for your step's forward and loss lines"
+
+
 def _indented(lines: tuple[str, ...]) -> list[str]:
     return ["    " + line for line in lines]
 
@@ -115,11 +120,18 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
             lines.append(context.conv_tf32_line)
     if "cudnn-benchmark" in chosen:
         lines.append("torch.backends.cudnn.benchmark = True")
+    forward = context.forward
+    # channels_last that converts the input in the model's call, beside autocast, which quotes that call: the
+    # converted call goes inside the autocast block instead of a second call of the model before it.
+    in_autocast = bool(chosen & {"amp-bf16", "amp-fp16"}) and forward is not None and forward.converted_call
     if "channels-last" in chosen:
         lines += [f"{model} = {model}.to(memory_format=torch.channels_last)  # before creating the optimizer"
                   for model in context.models]
-        lines.append(context.forward.channels_last if context.forward and context.forward.channels_last else
-                     "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
+        if not in_autocast:
+            lines.append(forward.channels_last if forward and forward.channels_last else
+                         "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
+        elif forward is not None and forward.converted_call:
+            forward = replace(forward, lines=(forward.converted_call, *forward.lines[1:]))
     if "fused-optimizer" in chosen:
         lines += [_optimizer_line(optimizer) for optimizer in context.optimizers]
     # torch.compile(model), not model.compile(): on torch 2.13 the latter compiles nothing for an nn.Sequential.
@@ -127,24 +139,23 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
         lines += [f"{model} = torch.compile({model})" for model in context.models]
     if "compile-reduce-overhead" in chosen:
         lines += [f'{model} = torch.compile({model}, mode="reduce-overhead")' for model in context.models]
-    forward = context.forward
     if context.forward_only:
         for name, dtype in (("amp-bf16", "bfloat16"), ("amp-fp16", "float16")):
             if name in chosen:
                 lines += [f'with torch.autocast("{device}", dtype=torch.{dtype}):  # around the forward',
-                          *_indented(forward.lines if forward else (f"out = {context.model}(x)",))]
+                          *_indented(forward.lines if forward else (f"out = {context.model}(x)  {TEMPLATE}",))]
         return lines
     if "amp-bf16" in chosen:
         lines += [f'with torch.autocast("{device}", dtype=torch.bfloat16):  # in the step, '
                   + ("around these lines of it; backward stays outside" if forward else
                      "around the forward and loss; backward stays outside"),
-                  *_indented(forward.lines if forward else (f"loss = loss_fn({context.model}(x), y)",))]
+                  *_indented(forward.lines if forward else (f"loss = loss_fn({context.model}(x), y)  {TEMPLATE}",))]
     if "amp-fp16" in chosen:
         loss = forward.loss if forward and forward.loss else "loss"
         lines += [f'scaler = torch.amp.GradScaler("{device}")  # once, before training',
                   f'with torch.autocast("{device}", dtype=torch.float16):  # in the step'
                   + (", around these lines of it" if forward else ""),
-                  *_indented(forward.lines if forward else (f"loss = loss_fn({context.model}(x), y)",)),
+                  *_indented(forward.lines if forward else (f"loss = loss_fn({context.model}(x), y)  {TEMPLATE}",)),
                   f"scaler.scale({loss}).backward()"]
         if context.unscale_before_clipping:
             lines += [f"scaler.unscale_({optimizer.name})  # before clipping: clip the real gradients, not the "

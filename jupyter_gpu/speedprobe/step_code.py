@@ -26,6 +26,9 @@ class ForwardCode:
     lines: tuple[str, ...]   # the step's statements from the first model call up to the backward, dedented
     loss: str | None         # what `.backward()` is called on (`loss`); None for a step that trains nothing
     channels_last: str | None  # the line that gives the model its input in channels_last, in the step
+    # Where that line is the model's call itself with its input converted (the input is a global or an expression):
+    # the call, converted, which replaces lines[0] (the call) wherever the forward lines are quoted again.
+    converted_call: str | None = None
 
 
 def forward_code(step: Callable[..., Any], models: tuple[str, ...], forward_only: bool = False,
@@ -80,6 +83,9 @@ def _assigned(statement: ast.stmt) -> set[str]:
     return {node.id for node in ast.walk(statement) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
 
 
+CONVERTED_CALL = "  # in the step: the model's input in channels_last"
+
+
 def _channels_last_line(source: str, statement: ast.stmt, call: ast.Call | None,
                         function: types.FunctionType) -> str | None:
     """`inputs = inputs.to(memory_format=torch.channels_last)` for a local the model is called with. For a global
@@ -99,8 +105,7 @@ def _channels_last_line(source: str, statement: ast.stmt, call: ast.Call | None,
     text = line[start:end].decode()
     simple = isinstance(argument, ast.Name | ast.Attribute | ast.Call | ast.Subscript)
     converted = f"{text if simple else f'({text})'}.to(memory_format=torch.channels_last)"
-    return (line[:start].decode() + converted + line[end:].decode()).strip() + (
-        "  # in the step: the model's input in channels_last")
+    return (line[:start].decode() + converted + line[end:].decode()).strip() + CONVERTED_CALL
 
 
 def _code(source: str, statements: list[ast.stmt], loss: str | None,
@@ -109,7 +114,9 @@ def _code(source: str, statements: list[ast.stmt], loss: str | None,
     text = textwrap.dedent("\n".join(lines)).splitlines()
     if len(text) > MOST_LINES or any("autocast" in line for line in text):
         return None  # too long to repeat, or already under its own autocast: not wrapped in a second one
-    return ForwardCode(lines=tuple(text), loss=loss, channels_last=channels_last)
+    converted = channels_last.removesuffix(CONVERTED_CALL) if channels_last and channels_last.endswith(
+        CONVERTED_CALL) else None
+    return ForwardCode(lines=tuple(text), loss=loss, channels_last=channels_last, converted_call=converted)
 
 
 def _model_call(statement: ast.stmt, names: set[str]) -> ast.Call | None:

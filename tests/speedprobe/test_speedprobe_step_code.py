@@ -52,6 +52,20 @@ def train_step():
     assert adopt_lines(("channels-last",), context)[-1] == (
         "outputs = net(images.to(memory_format=torch.channels_last))  # in the step: the model's input in "
         "channels_last")
+    # With autocast, which quotes the call too, the converted call goes inside its block: the lines had the call
+    # twice, once converted before the block and once as it was inside it, so pasting them undid channels_last.
+    combined = adopt_lines(("channels-last", "amp-bf16"), context)
+    assert combined == [
+        "net = net.to(memory_format=torch.channels_last)  # before creating the optimizer",
+        'with torch.autocast("cuda", dtype=torch.bfloat16):  # in the step, around these lines of it; backward '
+        "stays outside",
+        "    outputs = net(images.to(memory_format=torch.channels_last))",
+        "    loss = criterion(outputs,",
+        "                     targets)",
+    ]
+    assert sum("net(" in line for line in combined) == 1
+    assert "    outputs = net(images.to(memory_format=torch.channels_last))" in adopt_lines(
+        ("channels-last", "amp-fp16"), context)
 
 
 def test_a_batch_the_step_unpacks_is_converted_where_it_is_and_a_dict_batch_in_the_call(ip) -> None:
@@ -87,7 +101,18 @@ def train_step():
     optimizer.step()
 """)
     assert one_line.forward is None
-    assert adopt_lines(("amp-bf16",), one_line)[1] == "    loss = loss_fn(net(x), y)"
+    assert adopt_lines(("amp-bf16",), one_line)[1] == (
+        "    loss = loss_fn(net(x), y)  # stands for your step's forward and loss lines")
+    accumulating = context_for(ip, """
+def train_step():
+    optimizer.zero_grad()
+    for chunk_x, chunk_y in zip(images.chunk(2), targets.chunk(2)):
+        loss = criterion(net(chunk_x), chunk_y) / 2
+        loss.backward()
+    optimizer.step()
+""")
+    assert accumulating.forward is None  # a backward per micro-batch: no one block to wrap
+    assert adopt_lines(("amp-fp16",), accumulating)[2].endswith("# stands for your step's forward and loss lines")
     own_autocast = context_for(ip, """
 def train_step():
     optimizer.zero_grad()
