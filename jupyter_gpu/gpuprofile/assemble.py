@@ -216,13 +216,23 @@ def _models_called(instruments: Instruments, used: TrainingObjects) -> tuple[lis
             [used.labels[id(module)] for module in called if compiled_how(module) is not None])
 
 
+def _step_batches(record: StepRecord, sites: dict[tuple[str, int], int]) -> int:
+    """The batches one step trained on: at each training site, those of the loader that gave the most (two loaders
+    zipped at one site give one batch each per step, one batch of training)."""
+    most: dict[tuple[str, int], int] = {}
+    for (file, line, _), batches in record.loader_batches.items():
+        if (file, line) in sites:
+            most[(file, line)] = max(most.get((file, line), 0), batches)
+    return sum(most.values())
+
+
 def _accumulation(instruments: Instruments, sites: dict[tuple[str, int], int], profiled: list[StepRecord]) -> int:
     """DataLoader batches per optimizer step (gradient accumulation): the median over the profiled steps of the
     batches the training loop's sites fetched in each (an evaluation loop's batches are not the step's, and a
     GradScaler that skipped early steps while it found its scale does not make one batch look like two)."""
     if instruments.mode != OPTIMIZER_STEPS:
         return 1
-    counts = [sum(batches for site, batches in record.batches.items() if site in sites) for record in profiled]
+    counts = [_step_batches(record, sites) for record in profiled]
     counts = [count for count in counts if count]
     if counts:
         return max(1, round(statistics.median(counts)))

@@ -380,6 +380,9 @@ class Instruments:
             instruments.batches += 1
             batches = instruments.timeline.current.batches
             batches[site] = batches.get(site, 0) + 1
+            by_loader = instruments.timeline.current.loader_batches
+            key = (*site, id(getattr(iterator, "_dataset", iterator)))
+            by_loader[key] = by_loader.get(key, 0) + 1
             instruments.last_batch = batch
             instruments._last_site = site
             sampler = getattr(iterator, "_index_sampler", None)
@@ -681,6 +684,8 @@ def _add_into(total: StepRecord, record: StepRecord) -> None:
     total.module_calls += record.module_calls
     for site, batches in record.batches.items():
         total.batches[site] = total.batches.get(site, 0) + batches
+    for key, batches in record.loader_batches.items():
+        total.loader_batches[key] = total.loader_batches.get(key, 0) + batches
     total.losses.extend(record.losses)
 
 

@@ -31,6 +31,9 @@ class StepRecord:
     events: int = 0  # hook calls made in this step, for the overhead estimate
     module_calls: int = 0
     batches: dict[tuple[str, int], int] = field(default_factory=dict)  # DataLoader batches, by the loop site
+    # The same, by the loop site and the loader's dataset: `zip(labelled, cycle(unlabelled))` fetches one batch from
+    # each of two loaders per step, which is not gradient accumulation.
+    loader_batches: dict[tuple[str, int, int], int] = field(default_factory=dict)
     losses: list = field(default_factory=list)  # the scalars backward() ran from (detached; read after the run)
 
 

@@ -230,6 +230,19 @@ def test_a_transformer_with_gradient_accumulation_and_dict_batches_counts_optimi
     assert result.flops is not None and result.flops > linears, (result.flops, linears)
 
 
+def test_two_loaders_zipped_are_one_batch_each_per_step_not_gradient_accumulation(ip) -> None:
+    # Semi-supervised training: a labelled batch and an unlabelled one per step. Reported as "2 DataLoader batches
+    # each (gradient accumulation)", with the unlabelled samples counted into the throughput.
+    ip.run_cell(MLP + "import itertools\nunlabelled = DataLoader(TensorDataset(torch.randn(64, 32)), batch_size=16)\n"
+                ).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 4 --warmup 1\n"
+                         "for (x, y), (u,) in zip(loader, itertools.cycle(unlabelled)):\n    opt.zero_grad()\n"
+                         "    loss = loss_fn(model(x), y) + 0.1 * model(u).pow(2).mean()\n"
+                         "    loss.backward()\n    opt.step()\n").result
+    assert result.steps == 4 and result.batches_per_step == 1, result.batches_per_step
+    assert "gradient accumulation" not in str(result) and "(batch of 16)" in str(result)
+
+
 @pytest.mark.parametrize("grad_off", ["no_grad", "inference_mode"])
 def test_an_evaluation_loop_counts_batches(ip, grad_off: str) -> None:
     ip.run_cell(MLP).raise_error()
