@@ -20,9 +20,12 @@ run, a Logger) are left as the step leaves them: their state also lives outside 
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dis
 import functools
 import inspect
+import io
+import operator
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,17 +119,28 @@ class StepVariables:
     def __init__(self, entries: list[tuple[dict[str, Any], str, Any, Any]]) -> None:
         self._entries = entries  # (namespace, name, the object bound, a copy of its contents or None)
         self.changed: list[str] = []  # names a restore found changed, in the order first seen
-        # DataLoader iterators among them, with the batches each had yielded: an iterator cannot be rewound, so the
-        # report says how far the run moved it (`train_iter = iter(loader)` before a `next(train_iter)` loop).
-        self._iterators = [(name, value, value._num_yielded) for _, name, value, _ in entries
-                           if _is_loader_iterator(value)]
+        # Iterators among them, with how far each had gone where it tells (a DataLoader iterator's batches, a
+        # list iterator's length hint): an iterator cannot be rewound, so the report says how far the run moved it
+        # (`train_iter = iter(loader)` or `itertools.cycle(loader)` before a `next(train_iter)` loop).
+        self._iterators = [(name, value, _position(value)) for _, name, value, _ in entries
+                           if isinstance(value, collections.abc.Iterator) and not isinstance(value, io.IOBase)]
 
     @property
-    def advanced_iterators(self) -> list[tuple[str, int]]:
-        """(name, batches) of each DataLoader iterator the run took batches from; its binding is put back, its
-        position cannot be."""
-        return [(name, iterator._num_yielded - before) for name, iterator, before in self._iterators
-                if iterator._num_yielded > before]
+    def advanced_iterators(self) -> list[tuple[str, str]]:
+        """(name, how far) of each iterator the run may have read from: "10 batches, to its end", "3 items", or
+        "how far cannot be told" (itertools.cycle); its binding is put back, its position cannot be."""
+        moved = []
+        for name, iterator, before in self._iterators:
+            after = _position(iterator)
+            if before is None or after is None:
+                moved.append((name, f"a {type(iterator).__name__}: how far cannot be told"))
+            elif after != before:
+                unit = "batch" if _is_loader_iterator(iterator) else "item"
+                count = abs(after - before)
+                ended = ", to its end" if _exhausted(iterator) else ""
+                moved.append((name, f"{count} {unit}{'es' if unit == 'batch' and count != 1 else ''}"
+                                    f"{'s' if unit == 'item' and count != 1 else ''}{ended}"))
+        return moved
 
     @classmethod
     def take(cls, step: Any, skip: set[int], whole_run: bool = False) -> StepVariables:
@@ -194,14 +208,33 @@ def _is_loader_iterator(value: Any) -> bool:
     return base is not None and isinstance(value, base) and isinstance(getattr(value, "_num_yielded", None), int)
 
 
-def advanced_iterators_note(advanced: list[tuple[str, int]], who: str) -> str | None:
-    """One sentence on the DataLoader iterators `who` ("the cell", "the probe's calls") moved on, or None."""
+def _position(iterator: Any) -> int | None:
+    """How many items the iterator has given (a DataLoader iterator) or has left (its length hint, negated so that
+    both grow as it is read); None where it cannot tell (itertools.cycle, most C iterators)."""
+    if _is_loader_iterator(iterator):
+        return int(iterator._num_yielded)
+    hint = operator.length_hint(iterator, -1)
+    return -hint if hint >= 0 else None
+
+
+def _exhausted(iterator: Any) -> bool:
+    if _is_loader_iterator(iterator):
+        try:
+            return iterator._num_yielded >= len(iterator)
+        except TypeError:  # an IterableDataset's iterator has no length
+            return False
+    return operator.length_hint(iterator, -1) == 0
+
+
+def advanced_iterators_note(advanced: list[tuple[str, str]], who: str) -> str | None:
+    """One sentence on the notebook's iterators `who` ("The cell", "The probe's calls of the step") read from, or
+    None."""
     if not advanced:
         return None
-    moved = ", ".join(f"{name} by {count} batch{'es' if count != 1 else ''}" for name, count in advanced)
-    return (f"{who} moved DataLoader iterators of the notebook on ({moved}): an iterator cannot be rewound, so the "
-            "next run goes on from there; make a new one (`train_iter = iter(loader)`) to start from an epoch's "
-            "beginning.")
+    moved = "; ".join(f"{name}: {how_far}" for name, how_far in advanced)
+    return (f"{who} read from iterators of the notebook ({moved}). Their bindings are put back, but an iterator "
+            "cannot be rewound: the next run goes on from where this one left it, not from where the real run "
+            "would have started; make a new one (`train_iter = iter(loader)`) before it to start an epoch afresh.")
 
 
 def _counters(func: types.FunctionType) -> _Counters | None:

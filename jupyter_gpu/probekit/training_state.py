@@ -628,14 +628,17 @@ class StateSnapshot:
         return cls(store, parts, _RngState())
 
     @property
-    def advanced_iterators(self) -> list[tuple[str, int]]:
-        """(name, batches) of the notebook's DataLoader iterators the step moved on: those cannot be put back."""
+    def advanced_iterators(self) -> list[tuple[str, str]]:
+        """(name, how far) of the notebook's iterators the step read from: those cannot be put back."""
         return [item for part in self._parts if isinstance(part, StepVariables) for item in part.advanced_iterators]
 
     @property
     def changed_variables(self) -> list[str]:
         """The step's notebook variables a restore found changed and put back (`global_step`, `losses`)."""
-        return [name for part in self._parts if isinstance(part, StepVariables) for name in part.changed]
+        # An iterator the step read from is named apart (advanced_iterators): "put back as it was" would be untrue.
+        moved = {name for name, _ in self.advanced_iterators}
+        return [name for part in self._parts if isinstance(part, StepVariables) for name in part.changed
+                if name not in moved]
 
     def restore(self, variables: bool = True) -> None:
         """`variables=False` leaves the step's notebook variables as the calls so far made them: %batchprobe's

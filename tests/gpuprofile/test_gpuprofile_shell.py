@@ -328,8 +328,17 @@ def test_a_loader_iterator_made_before_the_cell_is_named_with_how_far_the_profil
                          "    loss_fn(model(inputs), labels).backward()\n    opt.step()\n").result
     taken = ip.user_ns["train_iter"]._num_yielded
     assert result.steps == 3 and taken >= 4  # warm-up, profiled and the counted step each took a batch
-    assert (f"The cell moved DataLoader iterators of the notebook on (train_iter by {taken} batches): an iterator "
-            "cannot be rewound") in " ".join(result.notes), result.notes
+    assert (f"The cell read from iterators of the notebook (train_iter: {taken} batches). Their bindings are put "
+            "back, but an iterator cannot be rewound") in " ".join(result.notes), result.notes
+    # itertools.cycle(loader) cannot say how far it went; it is named all the same, and not claimed put back.
+    ip.run_cell("import itertools\ndata_iter = itertools.cycle(loader)\nlog = []\n").raise_error()
+    cycled = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor step in range(500):\n"
+                         "    inputs, labels = next(data_iter)\n    opt.zero_grad()\n"
+                         "    loss = loss_fn(model(inputs), labels)\n    loss.backward()\n    opt.step()\n"
+                         "    log.append(step)\n").result
+    notes = " ".join(cycled.notes)
+    assert "(data_iter: a cycle: how far cannot be told)" in notes and "cannot be rewound" in notes, notes
+    assert ip.user_ns["log"] == [] and "log" in notes  # the list is put back, and named so
 
 
 def test_a_short_cell_is_profiled_as_far_as_it_ran(ip) -> None:
