@@ -128,7 +128,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
             entry[0] += calls
             entry[1] += record.sync_seconds.get(site, 0.0)
     syncs = sorted((Sync(file=site[0], line=site[1], source=instruments.sync_source(site),
-                         kinds=tuple(instruments.sites[site].kinds), per_step=calls / steps, seconds=seconds / steps)
+                         kinds=tuple(instruments.sites[site].kinds), per_step=calls / steps, seconds=seconds / steps,
+                         function=instruments.site_functions.get(site, ""))
                     for site, (calls, seconds) in sites.items()), key=lambda s: (-s.seconds, -s.per_step, s.line))
     copies = None
     if any(r.copies for r in profiled):

@@ -104,6 +104,7 @@ class Instruments:
         self.stop_pending = False
         self.stopped = False
         self.sites: dict[tuple[str, int], SyncSite] = {}
+        self.site_functions: dict[tuple[str, int], str] = {}  # the function each read's line is in
         self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
         self.loop_scopes: dict[tuple[str, int], LoopScope] = {}  # of those inside a function
         # Where the loop called the lead optimizer's step (the user's line), and what a function there could see: a
@@ -526,8 +527,14 @@ class Instruments:
         on_device = tensor is not None and isinstance(tensor, self.torch.Tensor) and tensor.device.type != "cpu"
         if caller.f_code.co_filename.startswith(self._torch_dir) and not on_device:
             return None  # e.g. Adam reading its CPU step counter: no wait on any device
+        if self.timeline.top() == DATA:
+            # The loader's own work in the main process (a Dataset's `int(torch.randint(...))`): the time is the data
+            # wait's, and "keep the value on the device" is no fix for it.
+            return None
         frame = self._user_frame(caller)
-        return frame.f_code.co_filename, frame.f_lineno
+        site = frame.f_code.co_filename, frame.f_lineno
+        self.site_functions.setdefault(site, "" if frame.f_code.co_name == "<module>" else frame.f_code.co_name)
+        return site
 
     def _user_frame(self, start: Any, skip_generators: bool = False) -> Any:
         """The first frame from `start` outwards in the user's code (not a library's); `start` if there is none."""

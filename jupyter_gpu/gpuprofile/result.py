@@ -83,13 +83,16 @@ class Sync:
     kinds: tuple[str, ...]    # what read it: ".item()", ".cpu()", "print(tensor)", "boolean mask", ...
     per_step: float           # how many times per profiled step
     seconds: float            # seconds per step blocked there (0 on the CPU, where a read waits for nothing)
+    function: str = ""        # the function the line is in ("train_kd"); "" at a cell's top level
 
     @property
     def where(self) -> str:
         """"line 14" in a notebook cell (IPython's `<ipython-input-...>`, ipykernel's `/tmp/ipykernel_<pid>/<hash>.py`),
-        "train.py:14" in a file."""
+        "train.py:14" in a file; "line 32 in train_kd()" inside a function, whose cell is not the profiled one's
+        (two cells' "line 10" were one report's two different lines)."""
         in_cell = self.file.startswith("<") or re.search(r"ipykernel_\d+[/\\]\d+\.py$", self.file) is not None
-        return f"line {self.line}" if in_cell else f"{os.path.basename(self.file)}:{self.line}"
+        place = f"line {self.line}" if in_cell else f"{os.path.basename(self.file)}:{self.line}"
+        return f"{place} in {self.function}()" if self.function.isidentifier() else place
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "where": self.where}

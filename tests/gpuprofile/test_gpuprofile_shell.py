@@ -230,6 +230,24 @@ def test_a_transformer_with_gradient_accumulation_and_dict_batches_counts_optimi
     assert result.flops is not None and result.flops > linears, (result.flops, linears)
 
 
+def test_reads_the_loader_makes_while_loading_a_batch_are_its_data_wait_not_syncs(ip) -> None:
+    # An IterableDataset drawing each sequence's length with int(torch.randint(...)) in __iter__, in the main process:
+    # reported as "line 10: int(tensor), 8 per step" beside the loop's own line 10, with "keep it on the device".
+    ip.run_cell(MLP + """
+class Streamed(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        while True:
+            length = int(torch.randint(3, 12, (1,), generator=g))
+            yield torch.randn(32) * length, length % 10
+stream = DataLoader(Streamed(), batch_size=8)
+""").raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 4 --warmup 1\nfor step, (x, y) in enumerate(stream):\n"
+                         "    opt.zero_grad()\n    loss = loss_fn(model(x), y)\n    loss.backward()\n"
+                         "    opt.step()\n    seen = loss.item()\n").result
+    assert [(sync.where, sync.source) for sync in result.syncs] == [("line 7", "seen = loss.item()")]
+
+
 def test_two_loaders_zipped_are_one_batch_each_per_step_not_gradient_accumulation(ip) -> None:
     # Semi-supervised training: a labelled batch and an unlabelled one per step. Reported as "2 DataLoader batches
     # each (gradient accumulation)", with the unlabelled samples counted into the throughput.
@@ -411,6 +429,9 @@ def test_the_line_form_profiles_a_training_function(ip) -> None:
                 "        total += loss.item()\n    return total\n").raise_error()
     result = ip.run_line_magic("gpuprofile", "-o -q --steps 4 --warmup 1 train_one_epoch(model, loader, opt)")
     assert result.steps == 4 and result.counted == "optimizer steps"
+    # The read is in another cell's function: its line is given with the function, not as if it were this cell's.
+    [sync] = result.syncs
+    assert sync.where == "line 8 in train_one_epoch()" and "edit line 8 in train_one_epoch():" in str(result)
     # The loop is in the function: its body is lifted with the function's own variables (net, optimizer, total).
     assert [ready.name for ready in result.ready_steps] == ["profile_step", "profile_train_step", "profile_sized_step"]
     before = ip.user_ns["model"].state_dict()["0.weight"].clone()
