@@ -200,7 +200,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
         gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
         ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses],
-        models=models, compiled_models=compiled_models)
+        models=models, compiled_models=compiled_models, anomaly_detection=instruments.anomaly_detection)
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):
         total_memory = int(torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory)

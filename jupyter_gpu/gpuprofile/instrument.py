@@ -105,6 +105,7 @@ class Instruments:
         self.stopped = False
         self.sites: dict[tuple[str, int], SyncSite] = {}
         self.site_functions: dict[tuple[str, int], str] = {}  # the function each read's line is in
+        self.anomaly_detection = False  # a backward ran under torch.autograd's anomaly detection
         self.loop_sites: dict[tuple[str, int], int] = {}  # where `next()` on a DataLoader was called from
         self.loop_scopes: dict[tuple[str, int], LoopScope] = {}  # of those inside a function
         # Where the loop called the lead optimizer's step (the user's line), and what a function there could see: a
@@ -462,6 +463,8 @@ class Instruments:
             if instruments._elsewhere():
                 return original(*args, **kwargs)
             instruments._enter_phase(bucket)
+            if bucket == BACKWARD and instruments.torch.is_anomaly_enabled():
+                instruments.anomaly_detection = True
             if bucket == BACKWARD and args and isinstance(args[0], instruments.torch.Tensor) and args[0].numel() == 1:
                 instruments.timeline.current.losses.append(args[0].detach().clone())  # the loss, read after the run
             try:

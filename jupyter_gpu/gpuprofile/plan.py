@@ -120,6 +120,13 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         add("other host time", other.seconds, "log, print and update progress bars every N steps, not every step",
             "Python between the phases: logging, metrics, progress bars, the loop itself")
     items.sort(key=lambda item: -item.seconds)
+    if result.anomaly_detection:
+        # Its cost is in every other figure and cannot be told apart from them: first, untimed.
+        items.insert(0, PlanItem(
+            cause="autograd anomaly detection is on", seconds=0.0, ceiling=None,
+            command="torch.autograd.set_detect_anomaly(False)  # a debugging mode: off for training and profiling",
+            detail="it records a traceback for every forward operation and checks every backward result for NaN, "
+                   "in every step; every figure here includes that cost"))
     if (total_memory and result.peak_memory is not None and result.peak_memory < SMALL_MEMORY_SHARE * total_memory):
         items.append(PlanItem(cause="the step uses a small part of the GPU's memory", seconds=0.0, ceiling=None,
                               command=_command(result, "%batchprobe", "%batchprobe STEP"),

@@ -310,6 +310,7 @@ class ProfileResult(RichResult):
     models: list[str] = field(default_factory=list)    # the notebook's names of the models the loop called
     compiled_models: list[str] = field(default_factory=list)  # those of them already torch.compile'd
     defined_in: str = "the notebook"                   # where the ready steps were defined
+    anomaly_detection: bool = False                    # the loop's backward ran under autograd anomaly detection
 
     @property
     def steps(self) -> int:

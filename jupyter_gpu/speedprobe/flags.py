@@ -64,6 +64,9 @@ class GlobalFlags:
 
     precision: tuple[tuple[str, str, Any], ...]   # (backend path, attribute, value)
     cudnn: tuple[tuple[str, Any], ...]
+    # autograd's anomaly detection (on, and checking NaN): a profiled cell that turns it on for debugging leaves it on
+    # for every later cell, each step slowed by its tracebacks.
+    anomaly: tuple[bool, bool] = (False, True)
 
     @classmethod
     def take(cls, torch: Any) -> GlobalFlags:
@@ -80,7 +83,7 @@ class GlobalFlags:
             precision += [("cuda.matmul", "allow_tf32", torch.backends.cuda.matmul.allow_tf32),
                           ("cudnn", "allow_tf32", torch.backends.cudnn.allow_tf32)]
         cudnn = tuple((name, getattr(torch.backends.cudnn, name)) for name in _CUDNN_SWITCHES)
-        return cls(tuple(precision), cudnn)
+        return cls(tuple(precision), cudnn, (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()))
 
     def restore(self, torch: Any) -> None:
         for path, name, value in self.precision:
@@ -90,6 +93,8 @@ class GlobalFlags:
                 setattr(_backend(torch, path), name, value)
         for name, value in self.cudnn:
             setattr(torch.backends.cudnn, name, value)
+        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != self.anomaly:
+            torch.autograd.set_detect_anomaly(*self.anomaly)  # only when changed: turning it on warns each time
 
     def differences(self, torch: Any) -> list[str]:
         """The switches whose value now differs from the one taken (empty when all are back)."""
@@ -99,4 +104,5 @@ class GlobalFlags:
                    if current.get((path, name), _UNREADABLE) != value]
         changed += [f"cudnn.{name}" for (name, value), (_, current_value) in zip(self.cudnn, now.cudnn, strict=True)
                     if value != current_value]
+        changed += ["autograd anomaly detection"] if self.anomaly != now.anomaly else []
         return changed

@@ -248,6 +248,22 @@ stream = DataLoader(Streamed(), batch_size=8)
     assert [(sync.where, sync.source) for sync in result.syncs] == [("line 7", "seen = loss.item()")]
 
 
+def test_anomaly_detection_left_on_is_the_first_thing_to_fix(ip) -> None:
+    # A loop debugged with set_detect_anomaly(True) at its top: the plan's first item was torch.compile, for the
+    # memory-bound isnan and _is_any_true checks anomaly mode itself adds.
+    ip.run_cell(MLP).raise_error()
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\ntorch.autograd.set_detect_anomaly(True)\n"
+                         "for x, y in loader:\n    opt.zero_grad()\n    loss_fn(model(x), y).backward()\n"
+                         "    opt.step()\n").result
+    first = result.plan[0]
+    assert first.cause == "autograd anomaly detection is on" and result.anomaly_detection
+    assert first.command.startswith("torch.autograd.set_detect_anomaly(False)")
+    assert not torch.is_anomaly_enabled()  # the global flag is put back with the others
+    clean = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                        "    loss_fn(model(x), y).backward()\n    opt.step()\n").result
+    assert not clean.anomaly_detection and all("anomaly" not in item.cause for item in clean.plan)
+
+
 def test_two_loaders_zipped_are_one_batch_each_per_step_not_gradient_accumulation(ip) -> None:
     # Semi-supervised training: a labelled batch and an unlabelled one per step. Reported as "2 DataLoader batches
     # each (gradient accumulation)", with the unlabelled samples counted into the throughput.
@@ -1164,11 +1180,15 @@ slow = DataLoader(Slow(), batch_size=16)
                      str(result)), str(result)
     # Two stalled steps of eight are a pattern the typical step leaves out: the verdict gives the mean, and the plan
     # ranks the stalls by what they add to the mean step, with the probe for the bucket they grow.
-    assert re.search(r"/step \(mean [\d.]+ ms: 2 of 8 steps stalled, waiting for data\)", str(result)), str(result)
+    # (A busy machine can push a third step past 1.5x the typical one: the two stalled ones are always among them.)
+    assert {3, 7} <= set(result.stalled_steps)
+    stalled = len(result.stalled_steps)
+    assert re.search(rf"/step \(mean [\d.]+ ms: {stalled} of 8 steps stalled, waiting for data\)", str(result)), \
+        str(result)
     stalls = next(item for item in result.plan if item.cause == "recurring stalls, mostly waiting for data")
     assert stalls.command.startswith("%dataprobe slow --step")
     assert stalls.seconds == pytest.approx(result.mean_seconds - result.seconds)
-    assert "2 of 8 profiled steps took" in stalls.detail and "(steps 4, 8)" in stalls.detail
+    assert f"{stalled} of 8 profiled steps took" in stalls.detail and "4" in stalls.detail.split("(steps ")[1]
     assert "over the profiled steps, stalls included" in str(result)
     assert len(result.step_buckets) == 8
     assert all(sum(buckets.values()) == pytest.approx(seconds, rel=0.01)
