@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import site
 import sys
-import sysconfig
 import types
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpu.probekit import user_objects
 from jupyter_gpu.probekit.release import last_error_frames
 
 USER = "user variable"
@@ -79,7 +78,7 @@ def module_roots(namespace: Mapping[str, Any]) -> list[Root]:
     each call. A module without a file (built in, frozen, a namespace package) is a library's too.
     """
     found: list[Root] = []
-    library_folders = _library_folders()
+    library_folders = user_objects.library_folders()
     for name, module in list(sys.modules.items()):
         state = _own_module_globals(name, module, namespace, library_folders)
         for attribute, value in list(state.items()):
@@ -107,17 +106,6 @@ def _own_module_globals(name: str, module: Any, namespace: Mapping[str, Any],
     if not os.path.isabs(path):
         path = os.path.abspath(path)  # rare (a module imported through a relative sys.path entry): not paid per call
     return {} if path.startswith(library_folders) else state
-
-
-def _library_folders() -> tuple[str, ...]:
-    """The interpreter's folders (its prefixes, the standard library) and every site-packages, each ending in a
-    separator so that `/opt/py` does not cover `/opt/python-notes`."""
-    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages(),
-               *site.getsitepackages(), *(sysconfig.get_paths().get(key, "") for key in
-                                          ("stdlib", "platstdlib", "purelib", "platlib"))}
-    folders |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
-    # A prefix of "/" (an interpreter installed at the root) would cover every folder, the user's too.
-    return tuple(os.path.join(folder, "") for folder in folders if folder and os.path.dirname(folder) != folder)
 
 
 def _is_ipython_name(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:

@@ -8,7 +8,6 @@ rewind would put out of step. Importing this module imports nothing heavy.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import site
@@ -46,13 +45,16 @@ def written_by_the_user(value: object) -> bool:
     if name == "__main__":
         return True  # the notebook's classes (or a script's, run by python)
     path = getattr(sys.modules.get(name), "__file__", None)
-    return path is not None and not os.path.realpath(path).startswith(_library_folders())
+    return path is not None and not os.path.abspath(path).startswith(library_folders())
 
 
-@functools.cache
-def _library_folders() -> tuple[str, ...]:
-    """Where the standard library and installed packages live: their objects are not the user's."""
-    paths = sysconfig.get_paths()
-    folders = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    folders += [*site.getsitepackages(), site.getusersitepackages()]  # also a --user install's packages
-    return tuple({os.path.realpath(folder) + os.sep for folder in folders})
+def library_folders() -> tuple[str, ...]:
+    """The interpreter's folders (its prefixes, the standard library) and every site-packages, each ending in a
+    separator so that `/opt/py` does not cover `/opt/python-notes`: modules from there are libraries, not the user's
+    (for `%gpumem`'s module roots as for the objects the probes rewind). Read each time: sys.path can change."""
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages(),
+               *site.getsitepackages(), *(sysconfig.get_paths().get(key, "") for key in
+                                          ("stdlib", "platstdlib", "purelib", "platlib"))}
+    folders |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
+    # A prefix of "/" (an interpreter installed at the root) would cover every folder, the user's too.
+    return tuple(os.path.join(folder, "") for folder in folders if folder and os.path.dirname(folder) != folder)
