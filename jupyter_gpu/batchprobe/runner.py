@@ -33,11 +33,10 @@ from jupyter_gpu.batchprobe.search import (
 from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.release import release_last_error
-from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
+from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_census import StepCensus
 from jupyter_gpu.probekit.step_output import StepOutput
-from jupyter_gpu.probekit.step_variables import advanced_iterators_note
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -141,7 +140,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
                 (progress or _silent)("")
         snapshot_bytes = snapshot.host_bytes
         changed = snapshot.changed_variables
-        moved = advanced_iterators_note(snapshot.advanced_iterators, "The probe's calls of the step")
+        advanced = snapshot.advanced_iterators  # read before the snapshot goes
         del snapshot, runner.snapshot  # the host copies go now: the "after" figure must not count them
         release_last_error(shell)  # collects, too
         budget.release_cache()
@@ -149,8 +148,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     finally:
         budget.close()
     notes += [restarted_note(name) for name in restarted]
-    notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
-    notes += filter(None, [moved])
+    notes += probe_leftover_notes(saves, advanced)
     printed = runner.output.note(getattr(step, "__name__", "the step"))
     if printed is not None:
         notes.append(printed)

@@ -40,9 +40,8 @@ from jupyter_gpu.dataprobe.result import (
 )
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
-from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
+from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
-from jupyter_gpu.probekit.step_variables import advanced_iterators_note
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -150,8 +149,7 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         gc.collect()  # the fresh loaders and their batches go now, not at some later collection
     probe.notes += [restarted_note(name) for name in restarted]
     probe.notes += _warning_notes(caught)
-    probe.notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
-    probe.notes += filter(None, [advanced_iterators_note(snapshot.advanced_iterators, "The probe's calls of the step")])
+    probe.notes += probe_leftover_notes(saves, snapshot.advanced_iterators)
     printed = target.output.note(step_name or "the step") if target is not None else None
     if printed is not None:
         probe.notes.append(printed)

@@ -29,7 +29,7 @@ from jupyter_gpu.gpuprofile.result import (
 from jupyter_gpu.gpuprofile.script_calls import in_ipython, with_script_commands
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
-from jupyter_gpu.probekit.step_variables import advanced_iterators_note
+from jupyter_gpu.probekit.step_variables import advanced_iterators_notes
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 
@@ -156,9 +156,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     if put_back:
         result.notes.append(f"{', '.join(put_back)}: notebook variables the cell changed, put back as they were with "
                             "the training state (--keep keeps what the steps did).")
-    moved = advanced_iterators_note(snapshot.advanced_iterators, "The cell") if snapshot is not None else None
-    if moved is not None:
-        result.notes.append(moved)
+    if snapshot is not None:
+        result.notes.extend(advanced_iterators_notes(snapshot.advanced_iterators, "The cell"))
     if saves is not None:
         result.notes.extend(saved_files_notes(saves, "the cell's torch.save", "; --keep keeps what the steps wrote"))
     if created and not request.keep:

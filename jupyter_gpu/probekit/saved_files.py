@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from jupyter_gpu.probekit.step_variables import advanced_iterators_notes
+
 
 class SavedFiles:
     """While entered, `torch.save` to a path keeps what was there; `restore()` puts every such path back as it was
@@ -89,3 +91,10 @@ def saved_files_notes(saves: SavedFiles, writer: str, keep: str = "") -> list[st
     if saves.failed:
         notes.append(f"could not be put back after {writer}: {'; '.join(saves.failed)}.")
     return notes
+
+
+def probe_leftover_notes(saves: SavedFiles, advanced: list[tuple[str, str]]) -> list[str]:
+    """What every probe says of its step's calls beyond the state it puts back: the files their torch.save wrote
+    (put back) and the notebook's iterators they read from (`StateSnapshot.advanced_iterators`: not rewound)."""
+    return [*saved_files_notes(saves, "the step's torch.save while the probe called it"),
+            *advanced_iterators_notes(advanced, "The probe's calls of the step")]

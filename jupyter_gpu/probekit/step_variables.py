@@ -226,15 +226,15 @@ def _exhausted(iterator: Any) -> bool:
     return operator.length_hint(iterator, -1) == 0
 
 
-def advanced_iterators_note(advanced: list[tuple[str, str]], who: str) -> str | None:
-    """One sentence on the notebook's iterators `who` ("The cell", "The probe's calls of the step") read from, or
-    None."""
+def advanced_iterators_notes(advanced: list[tuple[str, str]], who: str) -> list[str]:
+    """The sentence on the notebook's iterators `who` ("The cell", "The probe's calls of the step") read from, in a
+    list, or an empty list."""
     if not advanced:
-        return None
+        return []
     moved = "; ".join(f"{name}: {how_far}" for name, how_far in advanced)
-    return (f"{who} read from iterators of the notebook ({moved}). Their bindings are put back, but an iterator "
+    return [f"{who} read from iterators of the notebook ({moved}). Their bindings are put back, but an iterator "
             "cannot be rewound: the next run goes on from where this one left it, not from where the real run "
-            "would have started; make a new one (`train_iter = iter(loader)`) before it to start an epoch afresh.")
+            "would have started; make a new one (`train_iter = iter(loader)`) before it to start an epoch afresh."]
 
 
 def _counters(func: types.FunctionType) -> _Counters | None:

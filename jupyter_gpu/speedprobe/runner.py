@@ -19,9 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
-from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
+from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
-from jupyter_gpu.probekit.step_variables import advanced_iterators_note
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 from jupyter_gpu.speedprobe import decide, variants
@@ -125,8 +124,7 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         (progress or _silent)("")
         gc.collect()
     probe.notes += [restarted_note(name) for name in restarted]
-    probe.notes += saved_files_notes(saves, "the step's torch.save while the probe called it")
-    probe.notes += filter(None, [advanced_iterators_note(snapshot.advanced_iterators, "The probe's calls of the step")])
+    probe.notes += probe_leftover_notes(saves, snapshot.advanced_iterators)
     return probe.result(interrupted, [*(protected if protected.objects() else objects).names(),
                                       *snapshot.changed_variables], user_compiled)
 
