@@ -146,7 +146,7 @@ def _stalls_item(result: ProfileResult, loaders: list[str]) -> PlanItem | None:
     is the mean step over the typical one; the fix follows the bucket they grow."""
     cause = result.stall_cause()
     mean, step = result.mean_seconds, result.seconds
-    if cause is None or not mean or not step or mean <= step:
+    if cause is None or not mean or not step:  # a cause means stalls that raise the mean step above the typical
         return None
     stalled = [result.step_seconds[i] for i in result.stalled_steps]
     commands = {

@@ -106,9 +106,9 @@ def _slowest_step(result: ProfileResult) -> str | None:
     seconds = result.step_seconds[index]
     if seconds < STALL_FACTOR * result.seconds:
         return None
-    typical = {bucket.key: bucket.seconds for bucket in result.breakdown}
+    buckets = result.step_buckets[index]
     # Where it spent more than a typical step does, largest first: what made it slow.
-    extra = sorted(((value - typical.get(key, 0.0), key, value) for key, value in result.step_buckets[index].items()),
+    extra = sorted(((over, key, buckets[key]) for key, over in result.over_typical(buckets).items() if key in buckets),
                    reverse=True)
     parts = [f"{format_seconds(value)} {BUCKET_TITLES[key].split(' (')[0]}" for over, key, value in extra[:2]
              if over > 0.1 * (seconds - result.seconds)]
@@ -143,9 +143,8 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
         per_step = (f"{result.batches_per_step} batches of {result.batch_size} per step"
                     if result.batches_per_step > 1 else f"batch of {result.batch_size}")
         over_all = ""
-        if result.recurring_stalls and result.mean_seconds:
-            rate = result.samples_per_second * result.seconds / result.mean_seconds
-            over_all = f"; {format_rate(rate)} over the profiled steps, stalls included"
+        if result.recurring_stalls and result.mean_samples_per_second is not None:
+            over_all = f"; {format_rate(result.mean_samples_per_second)} over the profiled steps, stalls included"
         rows.append(("throughput", f"{format_rate(result.samples_per_second)} samples/s ({per_step}){over_all}"))
     if result.flops:
         counted = "forward and backward" if "backward" in result.compute_phases else "forward only: no backward ran"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -386,13 +387,24 @@ class ProfileResult(RichResult):
         return (len(self.stalled_steps) >= RECURRING_STALLS and bool(self.step_buckets) and bool(mean and step)
                 and mean >= STALLS_COST * step)
 
+    @property
+    def mean_samples_per_second(self) -> float | None:
+        """Samples per second over all the profiled steps, stalls included (samples_per_second is the typical
+        step's)."""
+        rate, mean = self.samples_per_second, self.mean_seconds
+        return rate * self.seconds / mean if rate is not None and mean and self.seconds else None
+
+    def over_typical(self, buckets: Mapping[str, float]) -> dict[str, float]:
+        """Each bucket's seconds in `buckets` (a step's, or a mean over steps) less the typical step's."""
+        typical_seconds = {bucket.key: bucket.seconds for bucket in self.breakdown}
+        return {key: buckets.get(key, 0.0) - typical_seconds.get(key, 0.0) for key in BUCKETS}
+
     def stall_cause(self) -> str | None:
         """The bucket the stalls add the most to, averaged over every profiled step (None without stalls)."""
         if not self.recurring_stalls:
             return None
-        typical_seconds = {bucket.key: bucket.seconds for bucket in self.breakdown}
-        excess = {key: statistics.fmean(buckets.get(key, 0.0) for buckets in self.step_buckets)
-                  - typical_seconds.get(key, 0.0) for key in BUCKETS}
+        excess = self.over_typical({key: statistics.fmean(buckets.get(key, 0.0) for buckets in self.step_buckets)
+                                    for key in BUCKETS})
         cause = max(excess, key=lambda key: excess[key])
         return cause if excess[cause] > 0 else None
 
@@ -410,9 +422,7 @@ class ProfileResult(RichResult):
         data, sync = self.bucket(DATA), self.bucket(SYNC)
         stalls = self.recurring_stalls
         seconds = self.mean_seconds if stalls else self.seconds
-        rate = self.samples_per_second
-        if rate is not None and seconds and self.seconds:
-            rate *= self.seconds / seconds
+        rate = self.mean_samples_per_second if stalls else self.samples_per_second
         return RunFigures(seconds=seconds, samples_per_second=rate, mfu=self.mfu,
                           of_ceiling=self.of_ceiling, peak_memory=self.peak_memory,
                           data_share=data.share if data else None, sync_share=sync.share if sync else None,
