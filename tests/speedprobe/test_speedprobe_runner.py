@@ -18,6 +18,7 @@ from training_steps import (
     mlp_with_adam,
     overflowing_in_fp16,
     state_of,
+    supervised,
     tiny_mlp,
 )
 
@@ -298,13 +299,7 @@ def test_channels_last_is_not_tried_where_onednn_would_crash_the_kernel() -> Non
     model = bench_models().ResNet(widths=(8, 16, 32))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     images, labels = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
-
-    def train_step():
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        return loss
+    train_step = supervised(model, optimizer, lambda: (images, labels)).step
 
     namespace = {"model": model, "optimizer": optimizer}
     result = probe_speed(train_step, options=("channels-last",), steps=2, namespace=namespace)
