@@ -123,15 +123,15 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
     forward = context.forward
     # channels_last that converts the input in the model's call, beside autocast, which quotes that call: the
     # converted call goes inside the autocast block instead of a second call of the model before it.
-    in_autocast = bool(chosen & {"amp-bf16", "amp-fp16"}) and forward is not None and forward.converted_call
+    converted = forward.converted_call if forward is not None and chosen & {"amp-bf16", "amp-fp16"} else None
     if "channels-last" in chosen:
         lines += [f"{model} = {model}.to(memory_format=torch.channels_last)  # before creating the optimizer"
                   for model in context.models]
-        if not in_autocast:
+        if converted is not None and forward is not None:
+            forward = replace(forward, lines=(converted, *forward.lines[1:]))
+        else:
             lines.append(forward.channels_last if forward and forward.channels_last else
                          "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
-        elif forward is not None and forward.converted_call:
-            forward = replace(forward, lines=(forward.converted_call, *forward.lines[1:]))
     if "fused-optimizer" in chosen:
         lines += [_optimizer_line(optimizer) for optimizer in context.optimizers]
     # torch.compile(model), not model.compile(): on torch 2.13 the latter compiles nothing for an nn.Sequential.
