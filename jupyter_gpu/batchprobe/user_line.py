@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import linecache
 import os
-import sys
 import sysconfig
 from functools import cache
 from typing import Any
+
+from jupyter_gpu.running_shell import running_shell
 
 # A source line quoted in a message is cut here: the place is what matters, not a long expression.
 QUOTED_LINE_CHARS = 120
@@ -63,8 +64,7 @@ def place_of(frame: Any, lineno: int) -> str:
 def _code_name(filename: str) -> str:
     """A notebook cell as IPython names it, "Cell In[3]" (its file is /tmp/ipykernel_*/....py or
     <ipython-input-3-...>); else the file's name."""
-    ipython = sys.modules.get("IPython")  # not imported: when IPython is not loaded, there is no cell to name
-    shell = ipython.get_ipython() if ipython is not None else None
+    shell = running_shell()  # none where IPython is not loaded: there is no cell to name
     label = getattr(getattr(shell, "compile", None), "format_code_name", lambda name: None)(filename)
     if label is not None:
         return " ".join(label)

@@ -16,6 +16,7 @@ from jupyter_gpu.gpumem.result import DeviceTotals, MemoryMap, Release
 from jupyter_gpu.gpumem.roots import notebook_roots
 from jupyter_gpu.gpumem.walk import Limits, NotebookWalk
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
+from jupyter_gpu.running_shell import running_shell
 from jupyter_gpu.units import format_bytes
 
 NO_TORCH = "torch is not imported in this kernel: no tensors to explain"
@@ -114,7 +115,7 @@ def memory_map(namespace: Mapping[str, Any] | None = None, *, device: str | None
 
     In a notebook the output cache and the last error's frames are walked too.
     """
-    shell = _running_shell()
+    shell = running_shell()
     if namespace is None:
         if shell is None:
             raise GpuMemError("memory_map() needs a namespace outside IPython, e.g. memory_map(globals())")
@@ -122,10 +123,3 @@ def memory_map(namespace: Mapping[str, Any] | None = None, *, device: str | None
     elif shell is not None and namespace is not shell.user_ns:
         shell = None  # another namespace: the notebook's caches are not its holders
     return map_memory(namespace, shell, device=device, top=top)
-
-
-def _running_shell() -> Any | None:
-    import sys
-
-    ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None

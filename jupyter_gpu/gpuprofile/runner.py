@@ -26,12 +26,13 @@ from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, DEFAULT_WARMUP, Profil
 from jupyter_gpu.gpuprofile.result import (
     ProfileResult,
 )
-from jupyter_gpu.gpuprofile.script_calls import in_ipython, with_script_commands
+from jupyter_gpu.gpuprofile.script_calls import with_script_commands
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.step_variables import advanced_iterators_notes
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
+from jupyter_gpu.running_shell import running_shell
 
 Progress = Callable[[str], None]
 
@@ -78,7 +79,8 @@ def profile_training(fn: Callable[..., Any], *args: Any, steps: int = DEFAULT_ST
     del arguments
     if profiled.error is not None:
         raise profiled.error
-    result = profiled.result if in_ipython() else with_script_commands(profiled.result)  # a script has no magics
+    # A script has no magics: the commands are the calls it makes (a notebook's kernel runs an IPython shell).
+    result = profiled.result if running_shell() is not None else with_script_commands(profiled.result)
     if namespace is None and profiled.defined:
         # Its ready steps went where its training objects were looked for: the function's module.
         module = getattr(fn, "__module__", None) or "the function's module"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import sys
 
 from jupyter_gpu.gpuprofile.result import ProfileResult
 
@@ -30,12 +29,6 @@ def script_command(command: str) -> str:
     command = _SPEEDPROBE.sub(_speed_call, command)
     command = _DATAPROBE.sub(lambda m: f"jupyter_gpu.probe_loader({m[1]}, {m[2]}, namespace=globals())", command)
     return _BATCHPROBE.sub(lambda m: f"jupyter_gpu.probe_batch_size({m[1]}, namespace=globals())", command)
-
-
-def in_ipython() -> bool:
-    """Whether an IPython shell runs this process (a notebook's kernel, where the magics work)."""
-    ipython = sys.modules.get("IPython")
-    return ipython is not None and ipython.get_ipython() is not None
 
 
 def with_script_commands(result: ProfileResult) -> ProfileResult:
