@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import linecache
 import os
-import sysconfig
-from functools import cache
 from typing import Any
 
+from jupyter_gpu.probekit.library_code import is_library_file
 from jupyter_gpu.running_shell import running_shell
 
 # A source line quoted in a message is cut here: the place is what matters, not a long expression.
@@ -24,7 +23,7 @@ def innermost_user_frame(torch: Any, frames: list[tuple[Any, int]]) -> int | Non
     package, nor this package (whose frames run the step): the user's own line that led to the error."""
     for index in range(len(frames) - 1, -1, -1):
         filename = frames[index][0].f_code.co_filename
-        if not (in_torch(torch, filename) or _is_library(filename)):
+        if not is_library_file(filename, torch):
             return index
     return None
 
@@ -33,22 +32,6 @@ def in_torch(torch: Any, filename: str, *folders: str) -> bool:
     """Whether a code file is inside the torch package (in its subfolder `folders` when given)."""
     root = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), *folders, "")
     return not filename.startswith("<") and os.path.realpath(filename).startswith(root)
-
-
-def _is_library(filename: str) -> bool:
-    """Standard library, installed packages and this package: code whose lines are not the user's."""
-    if filename.startswith("<"):  # "<ipython-input-3-...>" and exec'd strings are the user's; importlib is not
-        return filename.startswith("<frozen ")
-    path = os.path.realpath(filename)
-    # By path component, not only by the stdlib root: site-packages often lies inside it (/usr/local/lib/pythonX).
-    return bool({"site-packages", "dist-packages"} & set(path.split(os.sep))) or path.startswith(_library_roots())
-
-
-@cache
-def _library_roots() -> tuple[str, ...]:
-    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # jupyter_gpu/, which runs the step
-    stdlib = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
-    return tuple(os.path.join(os.path.realpath(root), "") for root in {package, *stdlib})
 
 
 def place_of(frame: Any, lineno: int) -> str:

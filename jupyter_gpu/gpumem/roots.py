@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.probekit import user_objects
+from jupyter_gpu.probekit.library_code import library_code_prefixes
 from jupyter_gpu.probekit.release import last_error_frames
 
 USER = "user variable"
@@ -78,7 +78,7 @@ def module_roots(namespace: Mapping[str, Any]) -> list[Root]:
     each call. A module without a file (built in, frozen, a namespace package) is a library's too.
     """
     found: list[Root] = []
-    library_folders = user_objects.library_folders()
+    library_folders = library_code_prefixes()
     for name, module in list(sys.modules.items()):
         state = _own_module_globals(name, module, namespace, library_folders)
         for attribute, value in list(state.items()):

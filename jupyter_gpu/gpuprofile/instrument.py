@@ -29,7 +29,6 @@ import inspect
 import linecache
 import os
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.batch_structure import first_dimension
 from jupyter_gpu.probekit.kernel_trace import GpuEvent, gpu_events, operator_device_seconds
+from jupyter_gpu.probekit.library_code import library_code_prefixes
 from jupyter_gpu.probekit.training_state import compiled_how, named_values
 
 TIMELINE_STEPS = 3  # steps under torch.profiler for the kernel timeline (CUDA only), after the counted step
@@ -75,15 +75,6 @@ class SyncSite:
     file: str
     line: int
     kinds: dict[str, int] = field(default_factory=dict)
-
-
-def _library_prefixes(torch: Any) -> tuple[str, ...]:
-    """Files that are not the user's code: the standard library, installed packages, torch and this package."""
-    paths = sysconfig.get_paths()
-    found = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
-    found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # jupyter_gpu/
-    found.add(os.path.dirname(os.path.abspath(torch.__file__)))
-    return tuple(sorted(os.path.join(p, "") for p in found))
 
 
 class Instruments:
@@ -130,7 +121,7 @@ class Instruments:
         self.narrowed = False  # the forward is watched through the outermost modules' classes, not global hooks
         self._in_read = 0
         self._undo: list[Callable[[], None]] = []
-        self._library = _library_prefixes(torch)
+        self._library = library_code_prefixes(torch)
         self._torch_dir = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), "")
         self._open_gpu: dict[str, Any] = {}
         self.kineto: Any = None

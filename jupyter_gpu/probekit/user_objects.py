@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import inspect
 import os
-import site
 import sys
-import sysconfig
+
+from jupyter_gpu.probekit.library_code import is_library_file
 
 # Objects whose attributes are never training state of the user's: the shell's own, and torch's and the standard
 # library's (a DataLoader's attributes are its dataset and sampler; torch's training objects are found themselves).
@@ -45,16 +45,4 @@ def written_by_the_user(value: object) -> bool:
     if name == "__main__":
         return True  # the notebook's classes (or a script's, run by python)
     path = getattr(sys.modules.get(name), "__file__", None)
-    return path is not None and not os.path.abspath(path).startswith(library_folders())
-
-
-def library_folders() -> tuple[str, ...]:
-    """The interpreter's folders (its prefixes, the standard library) and every site-packages, each ending in a
-    separator so that `/opt/py` does not cover `/opt/python-notes`: modules from there are libraries, not the user's
-    (for `%gpumem`'s module roots as for the objects the probes rewind). Read each time: sys.path can change."""
-    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages(),
-               *site.getsitepackages(), *(sysconfig.get_paths().get(key, "") for key in
-                                          ("stdlib", "platstdlib", "purelib", "platlib"))}
-    folders |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
-    # A prefix of "/" (an interpreter installed at the root) would cover every folder, the user's too.
-    return tuple(os.path.join(folder, "") for folder in folders if folder and os.path.dirname(folder) != folder)
+    return path is not None and not is_library_file(os.path.abspath(path))
