@@ -106,8 +106,15 @@ def hosting_facts(ctx: ProbeContext) -> dict[str, Any]:
         return windows_hosting_facts(ctx)
     cgroup = ctx.read_text("/proc/1/cgroup") or ""
     osrelease = (ctx.read_text("/proc/sys/kernel/osrelease") or "").strip()
+    root = root_mount(ctx)
+    dockerenv = ctx.exists("/.dockerenv")
+    # /.dockerenv alone is not a container: a VM or machine image made from a Docker image keeps the file, and
+    # there the machine booted from its own disk (a Firecracker microVM: ext4 on /dev/vda, seen here).
+    booted_from_disk = root is not None and _booted_from_disk(root)
     return {
-        "docker": ctx.exists("/.dockerenv"),
+        "docker": dockerenv and not booted_from_disk,
+        "dockerenv_on_booted_disk": dockerenv and booted_from_disk,
+        "root_filesystem": f"{root['type']} {root['source']}" if root else None,
         "podman": ctx.exists("/run/.containerenv"),
         "cgroup_container": bool(re.search(r"docker|kubepods|containerd|libpod", cgroup)),
         "kubernetes": "KUBERNETES_SERVICE_HOST" in env
@@ -122,11 +129,36 @@ def hosting_facts(ctx: ProbeContext) -> dict[str, Any]:
     }
 
 
+def root_mount(ctx: ProbeContext) -> dict[str, str] | None:
+    """What `/` is mounted from, by /proc/self/mountinfo: the filesystem's own folder mounted there (`root`, "/"
+    for a whole filesystem), its type and its source (overlay for Docker's overlay2, /dev/vda for a VM's disk)."""
+    found = None
+    for line in (ctx.read_text("/proc/self/mountinfo", limit=1 << 20) or "").splitlines():
+        mount, separator, filesystem = line.partition(" - ")
+        fields, described = mount.split(), filesystem.split()
+        if separator and len(fields) >= 5 and len(described) >= 2 and fields[4] == "/":
+            found = {"root": fields[3], "type": described[0], "source": described[1]}  # the last mount on / wins
+    return found
+
+
+# Filesystems a machine boots from a disk with; a container's root is an overlay (overlay2, fuse-overlayfs), a
+# subvolume (btrfs, zfs) or a folder bind-mounted from its host's disk (vfs).
+_DISK_FILESYSTEMS = ("ext2", "ext3", "ext4", "xfs")
+
+
+def _booted_from_disk(root: dict[str, str]) -> bool:
+    """A whole disk filesystem mounted on /: a machine of its own, not a container (Docker's devicemapper driver
+    names its devices docker-*)."""
+    return (root["root"] == "/" and root["type"] in _DISK_FILESYSTEMS and root["source"].startswith("/dev/")
+            and "docker" not in root["source"])
+
+
 def windows_hosting_facts(ctx: ProbeContext) -> dict[str, Any]:
     """The same questions from the environment alone: Windows kernels are not containerised the Linux way."""
     env = ctx.env
     return {
-        "docker": False, "podman": False, "cgroup_container": False,
+        "docker": False, "dockerenv_on_booted_disk": False, "root_filesystem": None, "podman": False,
+        "cgroup_container": False,
         "kubernetes": "KUBERNETES_SERVICE_HOST" in env,
         "wsl": False,  # WSL is a Linux kernel: a Windows-side Python is never inside it
         "kernel_release": None,

@@ -185,3 +185,27 @@ def test_the_shm_fix_speaks_the_engine_the_facts_show(hosting, expected):
     if hosting.get("kubernetes"):
         assert any("mountPath: /dev/shm" in line for line in f.fix)
         assert not any("docker run" in line for line in f.fix)
+
+
+# /proc/self/mountinfo's line for / on this project's own test machine (a Firecracker microVM whose image was made from
+# a Docker image, so /.dockerenv is there), and on Docker with its overlay2 and btrfs storage drivers.
+VM_ROOT = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n"
+OVERLAY_ROOT = ("636 535 0:64 / / rw,relatime master:278 - overlay overlay rw,lowerdir=/var/lib/docker/overlay2/l/"
+                "Q2:/var/lib/docker/overlay2/l/Z7,upperdir=/var/lib/docker/overlay2/4f/diff\n")
+BTRFS_ROOT = "410 380 0:45 /@/var/lib/docker/btrfs/subvolumes/9a1c / rw,relatime - btrfs /dev/sda2 rw,subvol=/@\n"
+
+
+def test_a_machine_made_from_a_docker_image_is_not_called_a_container(check_machine):
+    report = check_machine(Machine(files={**DOCKER, "/proc/self/mountinfo": VM_ROOT}).cpu_torch())
+    primary = report.primary
+    assert primary.code == "NO_NVIDIA_GPU", primary
+    assert primary.headline.startswith("No NVIDIA GPU is visible on this machine")
+    assert not any("docker" in line or "container" in line for line in primary.fix), primary.fix
+    assert "a machine made from a Docker image, not a container" in primary.evidence["/.dockerenv"]
+    assert "ext4 /dev/vda" in primary.evidence["/.dockerenv"]
+
+
+@pytest.mark.parametrize("root", [OVERLAY_ROOT, BTRFS_ROOT])
+def test_docker_storage_drivers_still_make_a_container(check_machine, root):
+    finding = container_finding(check_machine, Machine(files={**DOCKER, "/proc/self/mountinfo": root}))
+    assert finding.evidence["container"] == "docker"

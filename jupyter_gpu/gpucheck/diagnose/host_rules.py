@@ -97,6 +97,9 @@ def no_gpu(view: FactsView) -> list[Finding]:
         "/proc/driver/nvidia/version": "present" if view.driver.get("proc_version_text") else "absent",
         "nvml": view.nvml.get("error") or view.nvml.get("status"),
     }
+    if hosting.get("dockerenv_on_booted_disk"):
+        evidence["/.dockerenv"] = (f"present, but / is {hosting.get('root_filesystem')}, a disk this machine booted "
+                                   "from: a machine made from a Docker image, not a container")
     cpu_note = _cpu_note(view)
     if hosting.get("colab") or hosting.get("kaggle"):
         where = "Colab" if hosting.get("colab") else "Kaggle"
