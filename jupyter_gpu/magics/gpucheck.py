@@ -55,6 +55,11 @@ class GpuCheckMagics(Magics):
         from jupyter_gpu.gpucheck.run import run_check
 
         notebook = None
+        missing = [name for name in options.names if name not in self.shell.user_ns]
+        if missing and not options.facts:
+            # An audit that quietly skipped a mistyped name would read as "nothing wrong with it".
+            raise UsageError(f"%gpucheck: there is no {_listed(missing)} in the notebook to audit; run the cell "
+                             "that defines it first, or check the spelling.")
         if not options.facts:
             notebook = gather_notebook_facts(self.shell.user_ns, names=options.names or None,
                                              last_exception=_last_exception())
@@ -90,3 +95,7 @@ class GpuCheckMagics(Magics):
             display(report)
         return report if options.return_result else None
 
+
+def _listed(names: list[str]) -> str:
+    quoted = [repr(name) for name in names]
+    return f"variable {quoted[0]}" if len(quoted) == 1 else f"variables {', '.join(quoted[:-1])} or {quoted[-1]}"

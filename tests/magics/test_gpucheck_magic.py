@@ -109,6 +109,16 @@ def test_audit_restricted_to_named_objects(ip, lay_out):
     assert "other" in audited and "big" not in audited
 
 
+def test_a_name_that_is_not_in_the_notebook_is_said_not_audited_silently(ip, lay_out):
+    magics_instance(ip).context = lay_out(Machine().nvidia_host().cuda_torch())
+    ip.run_cell("import torch\nmodel = torch.nn.Linear(8, 8)")
+    with pytest.raises(UsageError, match=r"^%gpucheck: there is no variable 'modle' in the notebook to audit"):
+        ip.run_line_magic("gpucheck", "-q -o modle")
+    with pytest.raises(UsageError, match=r"no variables 'opt' or 'loader' in the notebook"):
+        ip.run_line_magic("gpucheck", "-q -o model opt loader")
+    assert ip.run_line_magic("gpucheck", "-q -o model").gpu_usable
+
+
 def test_last_cell_device_mismatch_is_explained(ip, lay_out):
     magics_instance(ip).context = lay_out(Machine().nvidia_host().cuda_torch())
     ip.run_cell('raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, '
