@@ -35,7 +35,7 @@ PURE = [
     "jupyter_gpu.gputime.advice", "jupyter_gpu.gputime.render", "jupyter_gpu.gputime.compare",
     "jupyter_gpu.batchprobe.search", "jupyter_gpu.batchprobe.oom", "jupyter_gpu.batchprobe.result",
     "jupyter_gpu.batchprobe.render", "jupyter_gpu.batchprobe.estimate_result", "jupyter_gpu.batchprobe.estimate_render",
-    "jupyter_gpu.batchprobe.user_line", "jupyter_gpu.probekit.library_code", "jupyter_gpu.probekit.ticker",
+    "jupyter_gpu.probekit.user_line", "jupyter_gpu.probekit.library_code", "jupyter_gpu.probekit.ticker",
     "jupyter_gpu.probekit",
     "jupyter_gpu.probekit.exceptions", "jupyter_gpu.probekit.device_memory",
     "jupyter_gpu.gpuprofile", "jupyter_gpu.gpuprofile.peaks", "jupyter_gpu.gpuprofile.result",
