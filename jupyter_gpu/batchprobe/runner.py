@@ -36,6 +36,7 @@ from jupyter_gpu.probekit.release import release_last_error
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_census import StepCensus
+from jupyter_gpu.probekit.step_failure import argument_mismatch, raised_sentence
 from jupyter_gpu.probekit.step_output import StepOutput
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
@@ -103,6 +104,11 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     except ImportError:
         raise ProbeError("%batchprobe needs PyTorch, and torch is not installed in this kernel.") from None
     request = request or ProbeRequest()
+    mismatch = argument_mismatch(step, getattr(step, "__name__", "step"), 1,
+                                 "%batchprobe calls it with one argument, the batch size: step(batch_size)")
+    if mismatch is not None:
+        raise ProbeError(f"{mismatch}; write def step(batch_size): ... that builds a batch of that size and trains "
+                         "on it.")
     started = time.perf_counter()
     release_last_error(shell)  # an OOM in an earlier cell may still hold its tensors
     namespace = namespace or {}
@@ -316,8 +322,9 @@ class _Runner:
                     live_after.append(self.budget.live_after_step())
         except Exception as error:
             failure = classify(error)
-            if failure is None:
-                raise
+            if failure is None:  # not a lack of memory: the step is broken at every size
+                raise ProbeError(f"the step raised {raised_sentence(self.torch, error)} at batch size {size} "
+                                 "(everything it changed was put back)") from None
             if failure.kind is FailureKind.STICKY:
                 self.broken = True
                 raise StickyCudaError(f"%batchprobe stopped at batch size {size}: {describe(failure)}. "

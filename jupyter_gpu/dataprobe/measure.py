@@ -32,6 +32,7 @@ from jupyter_gpu.dataprobe.loaders import (
 from jupyter_gpu.dataprobe.result import LOOP, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.probekit.clock import DeviceClock, record_event, step_device_index
+from jupyter_gpu.probekit.step_failure import raised_sentence
 from jupyter_gpu.probekit.step_output import StepOutput
 
 MIN_BATCHES = 2  # a rate needs two batches; one may carry the epoch's start
@@ -116,7 +117,9 @@ class StepTarget:
         except KeyboardInterrupt:
             raise
         except Exception as exc:
-            raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
+            import torch  # imported already: the step is the user's torch code
+
+            raise StepFailed(raised_sentence(torch, exc)) from exc
 
 
 class TrialRunner:

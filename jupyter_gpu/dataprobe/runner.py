@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
+from jupyter_gpu.probekit.step_failure import argument_mismatch
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -115,6 +117,8 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         raise DataProbeError(f"`{loader_name}` cannot be probed: {exc}.") from None
     if step is not None and not callable(step):
         raise DataProbeError(f"the step is a {type(step).__name__}, not a function step(batch).")
+    if step is not None:
+        _check_step_arguments(step, step_name or getattr(step, "__name__", "step"))
     objects = find_training_objects(namespace or {}, step) if step is not None else TrainingObjects([], [], [], [])
     snapshot = StateSnapshot.take(objects, step)
     samplers = SamplerStates.take(loader)
@@ -176,6 +180,25 @@ def _cuda_allocated(torch: Any) -> int | None:
 
 def _silent(_: str) -> None:
     return None
+
+
+# A step whose one parameter has one of these names is %batchprobe's kind, step(batch_size): called with a batch it
+# fails deep in torch ("randn() received an invalid combination of arguments").
+_BATCH_SIZE_NAMES = ("batch_size", "bs")
+
+
+def _check_step_arguments(step: Callable[..., Any], name: str) -> None:
+    mismatch = argument_mismatch(step, name, 1, "%dataprobe calls it with one batch from the loader, step(batch)")
+    if mismatch is None:
+        try:
+            parameters = [p.name for p in inspect.signature(step).parameters.values()]
+        except (TypeError, ValueError):
+            return
+        if parameters[:1] and parameters[0] in _BATCH_SIZE_NAMES:
+            mismatch = (f"`{name}` takes {parameters[0]}, a batch size (the step %batchprobe takes), and %dataprobe "
+                        "calls it with one batch from the loader, step(batch)")
+    if mismatch is not None:
+        raise DataProbeError(f"{mismatch}; write def step(batch): ... that trains on the batch it is given.")
 
 
 class _Probe:

@@ -22,6 +22,7 @@ from jupyter_gpu.kernel_torch import handler_mode
 from jupyter_gpu.probekit.batch_structure import leaves
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
 from jupyter_gpu.probekit.step_census import StepCensus
+from jupyter_gpu.probekit.step_failure import raised_sentence
 from jupyter_gpu.probekit.step_output import StepOutput
 from jupyter_gpu.speedprobe import variants
 from jupyter_gpu.speedprobe.catalog import BF16, FP16, FP32, TF32
@@ -247,7 +248,7 @@ class StepRunner:
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
-                raise StepRaised(f"{type(exc).__name__}: {first_line(exc)}") from exc
+                raise StepRaised(raised_sentence(torch, exc)) from exc
         if inspect_step:
             record.trained = census.trained
             record.batch_size, record.batches = census.batch_size, census.batches
@@ -407,9 +408,3 @@ def relative_difference(update: list[Any] | None, reference: list[Any] | None) -
     if norm == 0:
         return None
     return math.sqrt(difference / norm) if math.isfinite(difference) else math.inf
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-

@@ -10,7 +10,6 @@ generators restored, the same batch), and the baseline runs first, so it also pa
 from __future__ import annotations
 
 import gc
-import inspect
 import statistics
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
+from jupyter_gpu.probekit.step_failure import argument_mismatch, first_line
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
 from jupyter_gpu.speedprobe import decide, variants
@@ -31,7 +31,6 @@ from jupyter_gpu.speedprobe.measure import (
     RoundedRun,
     Run,
     StepRunner,
-    first_line,
     null_gradients,
     relative_difference,
     update_scale,
@@ -137,16 +136,9 @@ def _check_step(torch: Any, step: Any, name: str) -> None:
     if not callable(step):
         raise SpeedProbeError(f"`{name}` is a {type(step).__name__}, not a function; it must be callable as "
                               f"{name}() and run one training step.")
-    try:
-        required = [parameter.name for parameter in inspect.signature(step).parameters.values()
-                    if parameter.default is parameter.empty
-                    and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD,
-                                           parameter.KEYWORD_ONLY)]
-    except (TypeError, ValueError):  # a builtin without a signature: let the call say
-        return
-    if required:
-        raise SpeedProbeError(f"`{name}` takes {', '.join(required)}, and %speedprobe calls it with no arguments; "
-                              f"wrap it with its own batch, e.g. def step(): return {name}(batch).")
+    mismatch = argument_mismatch(step, name, 0, "%speedprobe calls it with no arguments")
+    if mismatch is not None:
+        raise SpeedProbeError(f"{mismatch}; wrap it with its own batch, e.g. def step(): return {name}(batch).")
 
 
 def _user_compiled_code() -> bool:

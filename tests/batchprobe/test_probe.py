@@ -12,7 +12,6 @@ import gc
 import json
 import random
 import time
-import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,7 +24,7 @@ from torch import nn
 
 from jupyter_gpu.batchprobe.budget import TensorBudget
 from jupyter_gpu.batchprobe.result import BatchProbeResult
-from jupyter_gpu.batchprobe.runner import ProbeRequest, StickyCudaError, probe_batch_size, run_probe
+from jupyter_gpu.batchprobe.runner import ProbeError, ProbeRequest, StickyCudaError, probe_batch_size, run_probe
 
 MiB = 2**20
 BUDGET = 4 * MiB
@@ -326,26 +325,36 @@ def test_memory_is_back_to_the_start_and_every_trial_tensor_is_freed() -> None:
     assert "(something the step created is still referenced)" in str(kept)
 
 
-def test_a_non_oom_error_propagates_unchanged_and_the_state_is_restored() -> None:
+def test_a_non_oom_error_is_one_sentence_with_the_users_line_and_the_state_is_restored() -> None:
     training = make_training(fail_from=20)
-    raised: list[BaseException] = []
-    original_step = training.step
-
-    def step(batch_size: int) -> None:
-        try:
-            original_step(batch_size)
-        except ValueError as error:
-            raised.append(error)
-            raise
-
     training.step(4)
     before = fingerprint(training)
-    with pytest.raises(ValueError, match="labels do not match batch") as caught:
-        run_probe(step, ProbeRequest(max_memory=BUDGET), namespace=training.namespace)
-    assert type(caught.value) is ValueError and caught.value is raised[-1]
-    frames = traceback.extract_tb(caught.value.__traceback__)
-    assert any(frame.name == "step" and "raise ValueError" in (frame.line or "") for frame in frames)
+    with pytest.raises(ProbeError) as caught:
+        run_probe(training.step, ProbeRequest(max_memory=BUDGET), namespace=training.namespace)
+    message = str(caught.value)
+    assert message.startswith("the step raised ValueError: labels do not match batch ")
+    assert " (at test_probe.py, line " in message  # the user's own line, with its text
+    assert "`raise ValueError(" in message and message.endswith("(everything it changed was put back)")
+    assert int(message.split(" at batch size ")[1].split()[0]) >= 20  # the size it failed at
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # no package traceback under it
     assert_same(before, fingerprint(training))
+
+
+def test_a_step_that_takes_other_arguments_is_refused_before_any_trial() -> None:
+    training = make_training()
+    before = fingerprint(training)
+    with pytest.raises(ProbeError, match=r"^`no_size` takes no arguments, and %batchprobe calls it with one argument, "
+                                         r"the batch size: step\(batch_size\); write def step\(batch_size\)"):
+        run_probe(named(lambda: None, "no_size"), ProbeRequest(max_memory=BUDGET), namespace=training.namespace)
+    with pytest.raises(ProbeError, match=r"^`two` takes batch_size, extra, and %batchprobe calls it"):
+        run_probe(named(lambda batch_size, extra: None, "two"), ProbeRequest(max_memory=BUDGET),
+                  namespace=training.namespace)
+    assert_same(before, fingerprint(training))
+
+
+def named(function, name: str):
+    function.__name__ = name
+    return function
 
 
 def test_keyboard_interrupt_keeps_the_finished_trials_and_restores_the_state() -> None:

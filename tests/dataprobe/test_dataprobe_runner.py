@@ -280,9 +280,29 @@ def test_a_step_that_raises_is_one_sentence_and_loses_nothing():
         raise ValueError("shapes do not match")
 
     children = child_pids()
-    with pytest.raises(DataProbeError, match="the step raised ValueError: shapes do not match"):
+    with pytest.raises(DataProbeError, match=r"the step raised ValueError: shapes do not match \(at "
+                                             r"test_dataprobe_runner\.py, line \d+, in step: `raise ValueError"):
         probe(sleepy_loader(), step, namespace={"model": model})
     assert torch.equal(model.weight, weights)
+    assert child_pids() == children
+
+
+def test_a_step_of_another_signature_is_refused_before_the_loader_starts():
+    children = child_pids()
+
+    def sized_step(batch_size):  # %batchprobe's kind of step
+        return torch.randn(batch_size, 8)
+
+    with pytest.raises(DataProbeError, match=r"^`step` takes batch_size, a batch size \(the step %batchprobe "
+                                             r"takes\), and %dataprobe calls it with one batch from the loader"):
+        probe(sleepy_loader(), sized_step)
+
+    def whole_step():
+        return None
+
+    with pytest.raises(DataProbeError, match=r"^`step` takes no arguments, and %dataprobe calls it with one "
+                                             r"batch from the loader, step\(batch\); write def step\(batch\)"):
+        probe(sleepy_loader(), whole_step)
     assert child_pids() == children
 
 

@@ -117,7 +117,7 @@ def test_an_oom_in_a_previous_cell_is_freed_by_the_probe_and_variables_stay(ip: 
     assert result.memory_after == result.memory_before
 
 
-def test_an_error_in_the_step_propagates_with_its_traceback(ip: InteractiveShell) -> None:
+def test_an_error_in_the_step_is_one_sentence_naming_its_line(ip: InteractiveShell) -> None:
     define_training(ip)
     ip.run_cell(
         "def broken(batch_size):\n"
@@ -128,11 +128,21 @@ def test_an_error_in_the_step_propagates_with_its_traceback(ip: InteractiveShell
     before = weights(ip)
     with capture_output() as captured:
         outcome = ip.run_cell("%batchprobe broken --max-memory 8MiB")
-    assert isinstance(outcome.error_in_exec, ValueError)
+    assert isinstance(outcome.error_in_exec, UsageError)
     message = str(outcome.error_in_exec)
-    assert message.startswith("shape mismatch at ") and int(message.rsplit(" ", 1)[1]) >= 8
-    assert "raise ValueError" in captured.stdout + captured.stderr  # the step's own line in the traceback
+    assert message.startswith("%batchprobe: the step raised ValueError: shape mismatch at ")
+    assert "line 4, in broken: `raise ValueError(f'shape mismatch at {batch_size}')`" in message
+    assert "Traceback" not in captured.stdout + captured.stderr and "runner.py" not in captured.stdout + captured.stderr
     assert all(torch.equal(old, new) for old, new in zip(before, weights(ip), strict=True))
+
+
+def test_a_step_without_the_batch_size_argument_is_refused_in_one_sentence(ip: InteractiveShell) -> None:
+    define_training(ip)
+    ip.run_cell("def whole_step():\n    step(8)\n").raise_error()
+    outcome = ip.run_cell("%batchprobe whole_step --max-memory 8MiB")
+    assert isinstance(outcome.error_in_exec, UsageError)
+    assert str(outcome.error_in_exec).startswith(
+        "%batchprobe: `whole_step` takes no arguments, and %batchprobe calls it with one argument, the batch size")
 
 
 @pytest.mark.parametrize(

@@ -139,7 +139,10 @@ def test_an_option_the_step_fails_under_is_reported_and_undone() -> None:
     result = probe(training, ("amp-bf16", "fused-optimizer"))
     assert_same_state(before, state_of(training))
     failed = result.option("amp-bf16")
-    assert failed.error == "ValueError: this model refuses autocast" and failed.speedup is None
+    # The error, and the user's line it came from, with its text.
+    assert failed.error.startswith("ValueError: this model refuses autocast (at test_speedprobe_runner.py, line ")
+    assert failed.error.endswith('in step: `raise ValueError("this model refuses autocast")`)')
+    assert failed.speedup is None
     assert result.option("fused-optimizer").error is None
 
 
@@ -156,7 +159,8 @@ def test_a_step_that_fails_at_once_is_one_sentence_and_changes_nothing() -> None
 
     training.step = step
     before = state_of(training)
-    with pytest.raises(SpeedProbeError, match=r"raised RuntimeError: shapes do not match \(everything it changed"):
+    with pytest.raises(SpeedProbeError, match=r"raised RuntimeError: shapes do not match \(at test_speedprobe_"
+                                              r"runner\.py, line \d+, in step: `raise RuntimeError.*\) \(everything"):
         probe(training)
     assert_same_state(before, state_of(training))
 
