@@ -5,6 +5,7 @@ in the notebook) and the plan."""
 from __future__ import annotations
 
 import platform
+import re
 import statistics
 from typing import Any
 
@@ -151,6 +152,12 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     if timeline is not None and step_seconds:
         timeline = timeline.at_step(typical(step_seconds))  # the traced steps ran with a slowed host
     operators, memory_share = _operators(totals, ceiling, instruments.operator_gpu_seconds if timeline else {})
+    unpriced = _unpriced_compute(totals)
+    if unpriced:
+        not_measured.append(f"FLOPs of {', '.join(unpriced)} (recurrent layers: LSTM, GRU, RNN): torch.utils."
+                            "flop_counter has no formula for them, so the FLOPs, the achieved TFLOP/s and the "
+                            "shares of the ceiling and of the datasheet peak leave their matrix products out, and "
+                            "they are not classed compute- or memory-bound.")
     if not device.startswith("cuda"):
         not_measured.append("On the CPU: no GPU timeline, no per-phase GPU time and no datasheet MFU; the measured "
                             "matmul ceiling applies instead.")
@@ -181,7 +188,9 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     accumulation = _accumulation(instruments, sites, profiled)
     lifted = lift.ready_steps(loop_source, sites, namespace, loaders, accumulation=accumulation, batch=batch,
                               scopes={**instruments.step_scopes, **instruments.loop_scopes},
-                              step_sites=instruments.step_sites) if step_seconds else lift.Lifted([])
+                              step_sites=instruments.step_sites,
+                              samples=_samples_in(samplers[0]) if samplers else None) if step_seconds \
+        else lift.Lifted([])
     lift.define(lifted, namespace)
     if lift.BATCH in lifted.defined:
         namespace[lift.BATCH] = batch
@@ -276,7 +285,9 @@ def _operators(totals: Any, ceiling: Ceiling | None,
         intensity = count.flops / count.bytes if count.bytes else None
         bound = None if ridge is None or intensity is None else ("compute" if intensity >= ridge else "memory")
         if ridge is not None and count.bytes and not count.flops:
-            bound = "memory"  # no FLOPs counted (elementwise, norms, copies): it only moves data
+            # No FLOPs counted: an elementwise operator, a norm or a copy only moves data; a recurrent layer's
+            # kernel multiplies matrices torch cannot price, so how it is bound is unknown.
+            bound = None if _UNPRICED_COMPUTE.search(name) else "memory"
         found.append(Operator(name=name, calls=count.calls, seconds=count.seconds, flops=count.flops,
                               bytes=count.bytes, bound=bound,
                               gpu_seconds=gpu_seconds.get(name, 0.0) if gpu_seconds else None))
@@ -284,6 +295,19 @@ def _operators(totals: Any, ceiling: Ceiling | None,
     total = sum(op.time for op in found)
     memory = sum(op.time for op in found if op.bound == "memory")
     return found[:TOP_OPERATORS], (memory / total if total and ridge is not None else None)
+
+
+# Operators that multiply matrices but have no formula in torch.utils.flop_counter: the recurrent layers' fused
+# kernels (mkldnn_rnn_layer on the CPU, _cudnn_rnn on CUDA, miopen_rnn, _thnn_fused_lstm_cell and their backwards).
+# Counted as moving bytes only, an LSTM's kernels were called memory-bound fusion candidates.
+_UNPRICED_COMPUTE = re.compile(r"rnn|lstm|gru")
+
+
+def _unpriced_compute(totals: Any) -> list[str]:
+    if totals is None:
+        return []
+    return sorted(name for name, count in totals.operators.items()
+                  if not count.flops and _UNPRICED_COMPUTE.search(name))
 
 
 def _overhead(torch: Any, profiled: list[Any], narrowed: bool) -> float | None:
@@ -295,3 +319,15 @@ def _overhead(torch: Any, profiled: list[Any], narrowed: bool) -> float | None:
     module_calls = statistics.median(r.module_calls for r in profiled)
     buckets = statistics.median(r.events for r in profiled)
     return module_calls * costs.module_call + buckets * costs.bucket
+
+
+def _samples_in(index_sampler: Any) -> int | None:
+    """How many samples the loader's dataset gives an epoch (a BatchSampler's sampler's length); None when it
+    cannot tell (an IterableDataset, a sampler without a length)."""
+    sampler = getattr(index_sampler, "sampler", None)
+    if sampler is None or not hasattr(index_sampler, "batch_size"):
+        return None
+    try:
+        return len(sampler)
+    except TypeError:
+        return None

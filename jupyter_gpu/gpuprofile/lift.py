@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.gpuprofile.result import ReadyStep
+from jupyter_gpu.options import DEFAULT_BATCH_START
 
 DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step", "profile_sized_step", "profile_batch"
 # The loader a loop made itself (a local of the function it runs in), defined in the notebook under this name so the
@@ -212,9 +213,20 @@ def _loaded(nodes: list[ast.stmt]) -> set[str]:
 
 
 def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
-    """Names whose first use in the body, in source order, reads them: the loop carries them across batches."""
+    """Names whose first use in the body, in the order Python evaluates it, reads them: the loop carries them
+    across batches. An assignment's targets are written after its value is read, so `hidden = tuple(h.detach()
+    for h in hidden)` (truncated backpropagation through time) reads `hidden` first."""
+    after_value: dict[int, tuple[int, int]] = {}
+    for tree in nodes:
+        for statement in ast.walk(tree):
+            if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+                value = statement.value
+                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                for target in targets:
+                    for name in (n for n in ast.walk(target) if isinstance(n, ast.Name)):
+                        after_value[id(name)] = (value.end_lineno or value.lineno, (value.end_col_offset or 0) + 1)
     names = sorted((n for tree in nodes for n in ast.walk(tree) if isinstance(n, ast.Name)),
-                   key=lambda n: (n.lineno, n.col_offset))
+                   key=lambda n: after_value.get(id(n), (n.lineno, n.col_offset)))
     first: dict[str, ast.expr_context] = {}
     for name in names:
         first.setdefault(name.id, name.ctx)
@@ -222,13 +234,14 @@ def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
     return {name for name, ctx in first.items() if isinstance(ctx, ast.Load) and name in stored}
 
 
-def _loss_name(body: list[ast.stmt]) -> str | None:
-    """The variable the body calls backward on (`loss.backward()`, `(loss / accum).backward()`,
-    `scaler.scale(loss).backward()`), when every run of the body assigns it (`_always_assigned`): the lifted step
+def _loss_returned(body: list[ast.stmt]) -> ast.Return | None:
+    """`return loss` for the loss the body calls backward on (`loss.backward()`, `(loss / accum).backward()`,
+    `scaler.scale(loss).backward()`, `losses["loss"].backward()` for a loss function returning a dict, or
+    `out.loss.backward()`), when every run of the body assigns its variable (`_always_assigned`): the lifted step
     returns it, so %speedprobe compares the loss as well as the update. With several (a GAN's `errD.backward()`
     then `errG.backward()`), the last one in the body: the generator's loss, which both updates move. None when
     there is none."""
-    names: list[str] = []
+    found: list[tuple[str, ast.expr]] = []
     for node in (n for statement in body for n in ast.walk(statement)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
             receiver = node.func.value
@@ -236,10 +249,16 @@ def _loss_name(body: list[ast.stmt]) -> str | None:
                 receiver = receiver.args[0]
             if isinstance(receiver, ast.BinOp):  # loss / accumulation_steps
                 receiver = receiver.left
-            if isinstance(receiver, ast.Name):
-                names.append(receiver.id)
+            base = receiver
+            while isinstance(base, (ast.Subscript, ast.Attribute)):  # losses["loss"], outputs.loss
+                if isinstance(base, ast.Subscript) and not isinstance(base.slice, ast.Constant):
+                    break  # losses[key]: the key may change before the step ends
+                base = base.value
+            if isinstance(base, ast.Name):
+                found.append((base.id, receiver))
     assigned = _always_assigned(body)
-    return next((name for name in reversed(names) if name in assigned), None)
+    loss = next((receiver for name, receiver in reversed(found) if name in assigned), None)
+    return ast.Return(value=copy.deepcopy(loss)) if loss is not None else None
 
 
 def _always_assigned(body: list[ast.stmt]) -> set[str]:
@@ -289,10 +308,11 @@ class Lifted:
 def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], namespace: Mapping[str, Any],
                 loaders: list[str], *, accumulation: int, batch: Any,
                 scopes: Mapping[tuple[str, int], LoopScope] | None = None,
-                step_sites: Mapping[tuple[str, int], int] | None = None) -> Lifted:
+                step_sites: Mapping[tuple[str, int], int] | None = None, samples: int | None = None) -> Lifted:
     """The ready steps, or the templates and why. `batch` is the last batch the loop saw (None when it saw none);
     `scopes`: for a loop inside a function, what that function saw when its loop first asked for a batch (or, for
-    a loop without a DataLoader, called its optimizer's step); `step_sites`: where the loop called it."""
+    a loop without a DataLoader, called its optimizer's step); `step_sites`: where the loop called it; `samples`:
+    how many the loader's dataset holds (a batch larger than that is no batch the loop can make)."""
     loader = loaders[0] if loaders else "LOADER"
     why = _why_not(source, loop_sites, batch)
     if why is not None and step_sites:
@@ -324,7 +344,7 @@ def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], 
     if missing:
         return Lifted(_templates(loader, missing))
     code = _data_step_code(loop, namespace, list(bound))
-    steps, defined = _lifted(loader, loop.line, accumulation, code)
+    steps, defined = _lifted(loader, loop.line, accumulation, code, samples)
     return Lifted(steps, defined, bound)
 
 
@@ -414,8 +434,7 @@ def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], coun
     if counter is not None and counter in _loaded(statements):
         body.extend(ast.parse(f"{counter} = {counter_value}\n{TRAIN_STEP}.calls += 1").body)
     lifted = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(statements)]
-    loss = _loss_name(statements)
-    lifted.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load()) if loss else None))
+    lifted.append(_loss_returned(statements) or ast.Return(value=None))
     body.extend(lifted)
     return _step_source(TRAIN_STEP, [], body, bound)
 
@@ -502,9 +521,9 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
         calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
         body.extend(calls)
     statements = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(loop.statements)]
-    loss = _loss_name(loop.statements)
-    if loss is not None:
-        statements.append(ast.Return(value=ast.Name(id=loss, ctx=ast.Load())))
+    returned = _loss_returned(loop.statements)
+    if returned is not None:
+        statements.append(returned)
     if loop.contexts:
         statements = [ast.With(items=copy.deepcopy(loop.contexts), body=statements, lineno=0)]
     body.extend(statements)
@@ -513,7 +532,7 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
     return _step_source(DATA_STEP, [parameter], [docstring, *body], bound)
 
 
-def _lifted(loader: str, line: int, accumulation: int, data_code: str
+def _lifted(loader: str, line: int, accumulation: int, data_code: str, samples: int | None = None
             ) -> tuple[list[ReadyStep], list[str]]:
     # Both return what the body returned for the step's last batch: its loss (None when it has no single loss).
     # The loop counter goes on from call to call as it did in the loop (so `if i % 10 == 0: print(...)` logs every
@@ -537,8 +556,14 @@ def _lifted(loader: str, line: int, accumulation: int, data_code: str
                   f"    return loss\n")
     steps = [ReadyStep("%dataprobe", DATA_STEP, f"%dataprobe {loader} --step {DATA_STEP}", data_code),
              ReadyStep("%speedprobe", TRAIN_STEP, f"%speedprobe {TRAIN_STEP}", train_code),
-             ReadyStep("%batchprobe", SIZED_STEP, f"%batchprobe {SIZED_STEP}", sized_code)]
+             ReadyStep("%batchprobe", SIZED_STEP, f"%batchprobe {SIZED_STEP}{_batch_limit(samples)}", sized_code)]
     return steps, [DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH]
+
+
+def _batch_limit(samples: int | None) -> str:
+    """`--max N` for a dataset of N samples: the sized step repeats the batch's samples to any size, and on a CPU,
+    where memory hardly limits it, %batchprobe had grown a 4,096-sample dataset's batch to 65,536."""
+    return f" --max {samples}" if samples is not None and samples >= DEFAULT_BATCH_START else ""
 
 
 def _templates(loader: str, reason: str) -> list[ReadyStep]:

@@ -328,7 +328,10 @@ def _applied_text(applied: AppliedFixes) -> list[str]:
     if applied.interrupted:
         lines = [f"  interrupted (Ctrl-C) during {applied.interrupted}: nothing applied, the state put back"]
     else:
-        lines = [f"  applied: {'; '.join(applied.applied) or 'nothing (no fix helped and agreed)'}"]
+        # "No fix helped" only when some fix was measured; else nothing could be, for the reasons left out below.
+        nothing = ("nothing (no fix helped and agreed)" if applied.checked else
+                   "nothing: no fix could be measured (why, below)")
+        lines = [f"  applied: {'; '.join(applied.applied) or nothing}"]
     if applied.after is not None:
         lines += table_text(_applied_rows(applied), ("before", "after"))
         if applied.speedup is not None:

@@ -165,6 +165,46 @@ def test_an_enumerate_loop_is_lifted_with_its_counter_and_its_running_total() ->
     assert [s.command for s in steps[1:]] == ["%speedprobe profile_train_step", "%batchprobe profile_sized_step"]
 
 
+def test_a_hidden_state_carried_across_batches_stays_the_notebooks() -> None:
+    # The word-language-model loop (truncated backpropagation through time): `hidden` is read by the assignment
+    # that writes it, so it is carried from batch to batch, like `running_loss`; as a local the step raised
+    # UnboundLocalError on its first line.
+    text = ("for data, targets in loader:\n    hidden = tuple(h.detach() for h in hidden)\n"
+            "    output, hidden = model(data, hidden)\n    loss = criterion(output, targets)\n    loss.backward()\n"
+            "    opt.step()\n")
+    steps, _ = lift_from(text, 1, {"model": 1, "opt": 1, "loader": 1, "criterion": 1, "hidden": (0, 0)})
+    assert "global hidden" in steps[0].code
+    seen: list = []
+
+    def model(data, hidden):
+        seen.append(tuple(h.value for h in hidden))
+        return 3.0, tuple(Hidden(h.value + 1) for h in hidden)
+
+    namespace: dict = {"hidden": (Hidden(1), Hidden(2)), "profile_batch": ("data", "targets"), "model": model,
+                       "criterion": lambda output, targets: Loss(), "opt": Loss()}
+    for step in steps:
+        exec(step.code, namespace)
+    namespace["profile_train_step"]()
+    namespace["profile_train_step"]()
+    assert seen == [(1, 2), (2, 3)] and [h.value for h in namespace["hidden"]] == [3, 4]  # carried as in the loop
+
+
+class Hidden:  # a hidden-state tensor as the body uses it
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def detach(self) -> Hidden:
+        return self
+
+
+class Loss:  # a loss and an optimizer as the lifted body uses them
+    def backward(self) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+
 def test_gradient_accumulation_makes_one_train_step_one_optimizer_step() -> None:
     text = """for i, batch in enumerate(loader):
     loss = model(batch).mean() / 4
@@ -237,13 +277,17 @@ def test_the_loop_counter_goes_on_from_step_to_step_so_a_logging_line_logs_as_in
     ("(loss / 4).backward()", "loss"),
     ("scaler.scale(loss).backward()", "loss"),
     ("model(x).sum().backward()", None),           # no variable holds the loss: nothing to return
+    # A loss function returning a dict (a VAE's {"loss", "recon", "kl"}), or a model's output object.
+    ("losses = {'loss': loss, 'kl': loss}\n    losses['loss'].backward()", "losses['loss']"),
+    ("out = model(x)\n    out.loss.backward()", "out.loss"),
+    ("losses = {'a': loss}\n    key = 'a'\n    losses[key].backward()", None),  # the key may change
 ])
 def test_the_lifted_step_returns_the_loss_it_calls_backward_on(backward: str, returned: str | None) -> None:
     text = f"for x in loader:\n    loss = model(x).sum()\n    {backward}\n    opt.step()\n"
     steps, _ = lift_from(text, 1, {"model": 1, "opt": 1, "loader": 1, "scaler": 1})
     function = ast.parse(steps[0].code).body[0]
     last = function.body[-1]
-    assert (last.value.id if isinstance(last, ast.Return) else None) == returned
+    assert (ast.unparse(last.value) if isinstance(last, ast.Return) else None) == returned
     assert "return loss" in steps[1].code and "return loss" in steps[2].code  # None when the body returned none
 
 

@@ -19,6 +19,7 @@ import torch
 from IPython.core.error import UsageError
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from jupyter_gpu.gpuprofile.render import render_text
 from jupyter_gpu.speedprobe.catalog import adopt_lines
 
 MLP = """
@@ -98,6 +99,8 @@ def test_a_tutorial_loop_is_profiled_step_by_step_and_everything_is_put_back(ip)
     assert result.mfu is None  # a CPU has no datasheet peak
     assert any("On the CPU" in line for line in result.not_measured)
     assert [r.name for r in result.ready_steps] == ["profile_step", "profile_train_step", "profile_sized_step"]
+    # No batch larger than the dataset's 2,048 samples (on a CPU %batchprobe grew one to 65,536).
+    assert result.ready_steps[2].command == "%batchprobe profile_sized_step --max 2048"
     assert result.overhead_seconds is not None and result.overhead_seconds < result.seconds
 
 
@@ -618,6 +621,8 @@ def test_apply_says_why_nothing_was_applied_when_the_step_cannot_be_lifted(ip) -
     assert result.applied is not None and result.applied.after is None and result.applied.applied == []
     [(what, why)] = result.applied.left_out
     assert what == "every fix" and "`return` at line 6" in why
+    text = render_text(result)  # nothing was measured: not "no fix helped"
+    assert "applied: nothing: no fix could be measured (why, below)" in text and "no fix helped" not in text
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -1193,3 +1198,38 @@ slow = DataLoader(Slow(), batch_size=16)
     assert len(result.step_buckets) == 8
     assert all(sum(buckets.values()) == pytest.approx(seconds, rel=0.01)
                for buckets, seconds in zip(result.step_buckets, result.step_seconds, strict=True))
+
+
+def test_an_lstm_loop_carries_its_hidden_state_and_its_recurrent_kernels_are_not_called_memory_bound(ip) -> None:
+    # The word-language-model loop, as a user writes it: truncated backpropagation through time with the hidden
+    # state carried across batches. flop_counter has no formula for the LSTM's fused kernels: counted as bytes
+    # only, they had been called memory-bound fusion candidates; and the lifted step raised UnboundLocalError.
+    ip.run_cell("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+lstm, head = nn.LSTM(16, 64), nn.Linear(64, 16)
+opt = torch.optim.Adam([*lstm.parameters(), *head.parameters()], lr=1e-3)
+loader = DataLoader(TensorDataset(torch.randn(512, 12, 16), torch.randn(512, 12, 16)), batch_size=8)
+""").raise_error()
+    run = ip.run_cell("""%%gpuprofile -o -q --steps 3 --warmup 1
+for epoch in range(2):
+    hidden = (torch.zeros(1, 12, 64), torch.zeros(1, 12, 64))
+    for x, y in loader:
+        hidden = tuple(h.detach() for h in hidden)
+        out, hidden = lstm(x, hidden)
+        loss = nn.functional.mse_loss(head(out), y)
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(lstm.parameters(), 0.25)
+        opt.step()
+""")
+    run.raise_error()
+    result = run.result
+    recurrent = [op for op in result.operators if "rnn" in op.name or "lstm" in op.name]
+    assert recurrent and all(op.bound is None for op in recurrent), result.operators
+    assert any("recurrent layers: LSTM, GRU, RNN" in line for line in result.not_measured), result.not_measured
+    # The ready step runs, carrying the hidden state as the loop did.
+    ip.run_cell("profile_train_step()").raise_error()
+    assert isinstance(ip.user_ns["hidden"], tuple) and ip.user_ns["hidden"][0].shape == (1, 12, 64)
