@@ -151,16 +151,25 @@ def handler_mode(handler: Handler) -> Any:
     """A fresh dispatch mode (a context manager) that calls `handler` for every operator below autograd.
 
     It declares `ignore_compile_internals`: without it, Dynamo skips, for good, a function first called
-    under the mode, so `torch.compile` would silently stop compiling the user's code.
+    under the mode, so `torch.compile` would silently stop compiling the user's code. Higher-order operators (a
+    compiled graph's `run_and_save_rng_state` for a checkpointed block with dropout under inductor's
+    fallback_random, `torch.cond`) run whole, without the handler: a mode that does not declare it supports them
+    makes torch raise NotImplementedError, and `%speedprobe` had reported a checkpointed model's compile trial as
+    "torch.compile failed". Their inner operators are not seen.
     """
+    from torch._ops import HigherOrderOperator
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class HandlerMode(TorchDispatchMode):
+        supports_higher_order_operators = True
+
         @classmethod
         def ignore_compile_internals(cls) -> bool:
             return True
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+            if isinstance(func, HigherOrderOperator):
+                return func(*args, **(kwargs or {}))  # torch has popped this mode: it runs as without it
             return handler(func, args, kwargs or {})
 
     return HandlerMode()

@@ -40,6 +40,7 @@ class CensusTotals:
 def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> Any:
     """A dispatch mode that counts every operator it sees while `counting()` (not while the DataLoader collates a
     batch: that is the input pipeline, not the model); `totals()` once it has exited."""
+    from torch._ops import HigherOrderOperator
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
 
@@ -47,6 +48,8 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
     _add_cpu_attention_formulas(torch, formulas)
 
     class OperatorCensus(TorchDispatchMode):
+        supports_higher_order_operators = True  # run whole and uncounted, as under kernel_torch.handler_mode
+
         def __init__(self) -> None:
             super().__init__()
             self.counts: dict[str, OperatorCount] = {}
@@ -54,6 +57,8 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
+            if isinstance(func, HigherOrderOperator):
+                return func(*args, **kwargs)
             packet = func._overloadpacket
             name = packet.__name__
             if name in _METADATA or not counting():
