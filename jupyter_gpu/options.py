@@ -10,8 +10,6 @@ from typing import Any, NoReturn, TypeVar
 
 from jupyter_gpu.units import parse_bytes
 
-DEFAULT_BATCH_START = 2  # %batchprobe's first batch size
-
 
 class OptionsError(ValueError):
     """A bad option, as one sentence a user can act on."""
@@ -201,7 +199,7 @@ def batchprobe_parser(prog: str = "%batchprobe") -> SentenceParser:
     parser = SentenceParser(prog=prog, add_help=False, description="Find the largest batch size that fits.",
                             usage="%(prog)s STEP [options]  (STEP(batch_size) runs one training step)  or  "
                                   "%%%(prog)s [options]  (the cell body is the step; it reads `batch_size`)")
-    parser.add_argument("--start", metavar="N", type=_whole_number("--start", 1), default=DEFAULT_BATCH_START,
+    parser.add_argument("--start", metavar="N", type=_whole_number("--start", 1), default=2,
                         help="first and smallest batch size tried (default 2: 1 breaks BatchNorm in training)")
     parser.add_argument("--max", dest="maximum", metavar="N", type=_whole_number("--max", 1), default=None,
                         help="largest batch size worth trying (default 65536)")

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.gpuprofile.result import ReadyStep
-from jupyter_gpu.options import DEFAULT_BATCH_START
 
 DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step", "profile_sized_step", "profile_batch"
 # The loader a loop made itself (a local of the function it runs in), defined in the notebook under this name so the
@@ -563,7 +562,8 @@ def _lifted(loader: str, line: int, accumulation: int, data_code: str, samples: 
 def _batch_limit(samples: int | None) -> str:
     """`--max N` for a dataset of N samples: the sized step repeats the batch's samples to any size, and on a CPU,
     where memory hardly limits it, %batchprobe had grown a 4,096-sample dataset's batch to 65,536."""
-    return f" --max {samples}" if samples is not None and samples >= DEFAULT_BATCH_START else ""
+    # Not below %batchprobe's first size, 2 (its --start default): a --max under it is refused.
+    return f" --max {samples}" if samples is not None and samples >= 2 else ""
 
 
 def _templates(loader: str, reason: str) -> list[ReadyStep]:

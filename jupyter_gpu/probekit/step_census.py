@@ -25,7 +25,7 @@ class StepCensus:
         self._stack = ExitStack()
         self._sizing: int | None = None  # id of the module the batch size was read from
         self.batch_size: int | None = None
-        self.calls = 0                   # calls of that module
+        self._sizing_calls = 0           # calls of that module
         self.optimizer_steps = 0
         self.gradients = False           # a gradient was accumulated into a parameter
         self.called: set[int] = set()    # ids of the hooked modules the step called
@@ -40,9 +40,13 @@ class StepCensus:
 
     @property
     def batches(self) -> int:
-        """Batches per optimizer step: 4 calls and 1 step under gradient accumulation; a GAN that calls its generator
-        twice for two optimizers is 1."""
-        return max(1, round(self.calls / max(1, self.optimizer_steps)))
+        """Batches per optimizer step: 4 calls of the model and 1 step under gradient accumulation. A step with two
+        optimizers or more (a GAN) is 1: its models are called several times per iteration without accumulating
+        (the DCGAN tutorial's discriminator 3 times, on the real batch, the fakes, and for the generator's loss),
+        and counted as accumulation the probes had doubled its samples/s."""
+        if len(self.stepped) > 1:
+            return 1
+        return max(1, round(self._sizing_calls / max(1, self.optimizer_steps)))
 
     def __enter__(self) -> StepCensus:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -66,7 +70,7 @@ class StepCensus:
                     self._sizing = id(module)
                     break
         if self._sizing == id(module):
-            self.calls += 1
+            self._sizing_calls += 1
 
     def _accumulated(self, _param: Any) -> None:
         self.gradients = True

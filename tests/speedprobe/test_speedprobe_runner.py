@@ -549,6 +549,34 @@ def test_a_gan_step_calling_its_generator_twice_for_two_optimizers_is_one_batch(
     assert result.batch_size == 32 and result.batches_per_step == 1
 
 
+def test_a_dcgan_step_calling_its_discriminator_three_times_is_one_batch() -> None:
+    # The DCGAN tutorial's order: D on the real batch first (so D is the model the batch size is read from), then
+    # on the fakes for D's step, then again for G's. Its 3 calls over 2 optimizer steps had read as gradient
+    # accumulation of 2 batches, and doubled the step's samples/s.
+    torch.manual_seed(0)
+    generator, discriminator = nn.Linear(8, 16), nn.Linear(16, 1)
+    opt_g, opt_d = torch.optim.Adam(generator.parameters()), torch.optim.Adam(discriminator.parameters())
+    bce = nn.BCEWithLogitsLoss()
+
+    def step() -> torch.Tensor:
+        real, ones, zeros = torch.randn(64, 16), torch.ones(64, 1), torch.zeros(64, 1)
+        opt_d.zero_grad()
+        bce(discriminator(real), ones).backward()
+        fake = generator(torch.randn(64, 8))
+        bce(discriminator(fake.detach()), zeros).backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        loss_g = bce(discriminator(fake), ones)
+        loss_g.backward()
+        opt_g.step()
+        return loss_g
+
+    namespace = {"netG": generator, "netD": discriminator, "optG": opt_g, "optD": opt_d, "criterion": bce}
+    result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace=namespace)
+    assert result.batch_size == 64 and result.batches_per_step == 1
+    assert "gradient accumulation" not in str(result)
+
+
 def test_bf16_on_a_step_that_evaluates_under_no_grad_before_it_trains_gets_every_gradient() -> None:
     # nanoGPT's loop evaluates every N iterations inside the loop body. With autocast around the whole step and its
     # weight cache on, the evaluation's casts (made under no_grad, without autograd history) were reused by the
