@@ -29,6 +29,7 @@ class StepCensus:
         self.optimizer_steps = 0
         self.gradients = False           # a gradient was accumulated into a parameter
         self.called: set[int] = set()    # ids of the hooked modules the step called
+        self.forward_depth = 0           # > 0 while one of the hooked modules runs its forward
         self.stepped: set[int] = set()   # ids of the optimizers that stepped
 
     @property
@@ -53,6 +54,7 @@ class StepCensus:
 
         for module in self._modules:
             self._stack.callback(module.register_forward_pre_hook(self._called, with_kwargs=True).remove)
+            self._stack.callback(module.register_forward_hook(self._returned, always_call=True).remove)
         for param in self._params:
             self._stack.callback(param.register_post_accumulate_grad_hook(self._accumulated).remove)
         self._stack.callback(register_optimizer_step_pre_hook(self._stepped).remove)
@@ -63,6 +65,7 @@ class StepCensus:
 
     def _called(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.called.add(id(module))
+        self.forward_depth += 1
         if self._sizing is None:
             for value in (*args, *kwargs.values()):
                 if isinstance(value, self._torch.Tensor) and value.dim() >= 1:
@@ -71,6 +74,9 @@ class StepCensus:
                     break
         if self._sizing == id(module):
             self._sizing_calls += 1
+
+    def _returned(self, *_: Any) -> None:
+        self.forward_depth -= 1
 
     def _accumulated(self, _param: Any) -> None:
         self.gradients = True

@@ -78,6 +78,7 @@ class Run:
     scaling: variants.Fp16Scaling | None = None
     first_step_skipped: bool = False  # the GradScaler skipped the first step (its scale overflowed): no update
     compute_dtypes: dict[str, int] = field(default_factory=dict)  # counted step: compute operators by input dtype
+    random_in_forward: bool = False  # counted step: a model's forward drew random numbers
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     loss_note: str | None = None
@@ -236,13 +237,14 @@ class StepRunner:
             try:
                 if counted:
                     counter = OpCounter(torch)
-                    dtypes = ComputeDtypes(torch)
+                    dtypes = ComputeDtypes(torch, census if inspect_step else None)
                     with counter, dtypes if inspect_step else contextlib.nullcontext():
                         seconds, _ = clock.time(call)
                     counts = counter.result()
                     record.ops = dict(counts.by_device)
                     record.cpu_peak_bytes = counts.cpu_peak_bytes
                     record.compute_dtypes = dict(dtypes.seen)
+                    record.random_in_forward = dtypes.random_in_forward
                 else:
                     seconds, _ = clock.time(call)
             except KeyboardInterrupt:
@@ -346,14 +348,23 @@ class OutputCapture:
                 self.tensors.append(flat[::stride].to("cpu", dtype=torch.float32, copy=True))
 
 
+# Operators that draw from a random generator: compiled, inductor draws other numbers than eager from the same seed.
+_RANDOM_OPS = frozenset({"bernoulli", "bernoulli_", "native_dropout", "rand", "rand_like", "randn", "randn_like",
+                         "randint", "randint_like", "randperm", "normal", "normal_", "uniform_", "multinomial",
+                         "exponential_", "geometric_", "cauchy_", "log_normal_", "random_"})
+
+
 class ComputeDtypes:
     """Counts, during one step, the dtype of the first floating input of each matrix product, convolution and
-    attention operator: what the step really computes in, after its own autocast (if any) chose."""
+    attention operator: what the step really computes in, after its own autocast (if any) chose. With the step's
+    census, also whether a model's forward draws random numbers (dropout, a VAE's `torch.randn_like`)."""
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, census: StepCensus | None = None) -> None:
         self._tensor_type = torch.Tensor
         self._mode = handler_mode(self._record)
+        self._census = census
         self.seen: dict[str, int] = {}
+        self.random_in_forward = False
 
     def __enter__(self) -> ComputeDtypes:
         self._mode.__enter__()
@@ -364,6 +375,8 @@ class ComputeDtypes:
 
     def _record(self, func: Any, args: tuple, kwargs: dict) -> Any:
         name = func.overloadpacket.__name__
+        if name in _RANDOM_OPS and self._census is not None and self._census.forward_depth > 0:
+            self.random_in_forward = True
         if name in _COMPUTE_OPS or name.startswith(_COMPUTE_PREFIXES):
             dtype = next((str(value.dtype) for value in (*args, *kwargs.values())
                           if isinstance(value, self._tensor_type) and value.is_floating_point()), None)

@@ -209,6 +209,7 @@ class _Probe:
         # Planned after the baseline: its counted step shows the formats the step computes in (its own autocast)
         # and whether it trains at all (an evaluation step has no update to compare, and fp16 needs no scaler).
         self.setting.compute_dtypes = first.compute_dtypes
+        self.setting.random_in_forward = first.random_in_forward
         self.setting.forward_only = first.trained is False
         planned = self._plan()
         applicable = [option for option, reason in planned if reason is None]
@@ -298,14 +299,16 @@ class _Probe:
         compiled = any(name.startswith("compile") for name in names)
         self.compiled = self.compiled or compiled
         timed = self._measure_once(names, label, inspect_step, extra_warmup, same_random_numbers=False)
-        other_masks = compiled or "channels-last" in names
-        if not (other_masks and self.setting.has_dropout()) or timed.error is not None:
+        other_numbers = (compiled and self.setting.draws_random_numbers()) or (
+            "channels-last" in names and self.setting.has_dropout())
+        if not other_numbers or timed.error is not None:
             return timed
         # Compiled dropout, and dropout on channels_last activations, draw other masks than the baseline's from the
         # same seed, so the updates cannot be compared: the agreement comes from a second run that draws the
         # baseline's masks (slower, so it is not the timing).
         checked = self._measure_once(names, f"{label}, checking its numbers", False, 0, same_random_numbers=True)
-        how = ("a second compilation whose dropout draws eager's masks (torch._inductor.config.fallback_random)"
+        how = ("a second compilation whose random numbers (dropout's masks, randn_like) are eager's "
+               "(torch._inductor.config.fallback_random)"
                if compiled else "a second run whose dropout draws its masks in the baseline's order (on "
                                 "channels_last activations it draws them in memory order)")
         return replace(timed, update=checked.update, outputs=checked.outputs, losses=checked.losses,

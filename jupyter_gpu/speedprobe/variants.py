@@ -51,6 +51,8 @@ class StepSetting:
     compute_dtypes: dict[str, int] = field(default_factory=dict)
     # The baseline's step trained nothing (no optimizer step, no gradient): evaluation or inference.
     forward_only: bool = False
+    # A model's forward drew random numbers in the baseline's step (dropout, a VAE's torch.randn_like).
+    random_in_forward: bool = False
 
     @property
     def device_type(self) -> str:
@@ -64,6 +66,10 @@ class StepSetting:
             return True
         return any(float(getattr(sub, "dropout", 0) or 0) > 0 for module in self.objects.modules
                    for sub in module.modules() if type(sub).__name__ == "MultiheadAttention")
+
+    def draws_random_numbers(self) -> bool:
+        """A model's forward draws random numbers: compiled, inductor draws others than eager from the same seed."""
+        return self.random_in_forward or self.has_dropout()
 
     def parameter_dtypes(self) -> set[Any]:
         return {param.dtype for module in self.objects.modules for param in module.parameters()}
@@ -559,10 +565,10 @@ def _move_steps_to_parameters(optimizer: Any) -> None:
 def _compile(mode: str | None) -> Callable[[Applied], None]:
     def apply_compile(applied: Applied) -> None:
         torch = applied.setting.torch
-        if applied.same_random_numbers and applied.setting.has_dropout():
-            # Inductor draws its own random numbers; with this, dropout uses eager's generator, so the compiled
-            # step draws the baseline's masks and the updates can be compared. It changes the speed, so the runner
-            # times the step compiled as the user would compile it and uses this only for the agreement.
+        if applied.same_random_numbers and applied.setting.draws_random_numbers():
+            # Inductor draws its own random numbers; with this, dropout and randn_like use eager's generator, so the
+            # compiled step draws the baseline's numbers and the updates can be compared. It changes the speed, so
+            # the runner times the step compiled as the user would compile it and uses this only for the agreement.
             import torch._inductor.config as inductor_config
 
             applied.stack.enter_context(inductor_config.patch(fallback_random=True))

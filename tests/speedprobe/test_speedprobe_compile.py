@@ -41,3 +41,40 @@ def test_compile_is_timed_apart_judged_against_eager_and_undone() -> None:
     assert compiled.agreement.update_rel_l2 < 1e-3  # float32 reordering, the same dropout masks
     assert any("fallback_random" in note for note in result.notes)  # judged on eager's dropout masks
     assert result.code() == ["model = torch.compile(model)"] or result.best is None
+
+
+def test_a_forward_that_draws_random_numbers_is_judged_on_eagers_numbers() -> None:
+    # A VAE's reparameterisation, `torch.randn_like` in the forward, with no dropout module: compiled, inductor
+    # draws other numbers from the same seed, and the compiled step had been called wrong ("the first update is
+    # 0.57 times the baseline's").
+    torch.manual_seed(0)
+
+    class TinyVAE(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder, self.decoder = nn.Linear(16, 8), nn.Linear(4, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mu, log_var = self.encoder(x).chunk(2, dim=1)
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * log_var)
+            return self.decoder(z)
+
+    model = TinyVAE()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 16)
+
+    def step() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), x)
+        loss.backward()
+        opt.step()
+        return loss
+
+    training = Training(model, opt, step)
+    before = state_of(training)
+    result = probe_speed(step, options=("compile",), steps=3, namespace=training.namespace())
+    assert_same_state(before, state_of(training))
+    compiled = result.option("compile")
+    assert compiled.error is None, compiled.error
+    assert compiled.agrees is True, compiled.agreement
+    assert any("randn_like" in note and "fallback_random" in note for note in result.notes), result.notes
