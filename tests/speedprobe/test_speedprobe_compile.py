@@ -8,9 +8,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from training_steps import Training, assert_same_state, state_of
+from training_steps import Training, assert_same_state, state_of, supervised
 
 from jupyter_gpu.speedprobe.runner import probe_speed
+
+
+def probe_compiled(training: Training, steps: int):
+    """%speedprobe's compile option on a training step; the state is checked to be put back."""
+    before = state_of(training)
+    result = probe_speed(training.step, options=("compile",), steps=steps, namespace=training.namespace())
+    assert_same_state(before, state_of(training))
+    return result
 
 
 def test_compile_is_timed_apart_judged_against_eager_and_undone() -> None:
@@ -20,17 +28,7 @@ def test_compile_is_timed_apart_judged_against_eager_and_undone() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-    def step() -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
-        loss.backward()
-        opt.step()
-        return loss
-
-    training = Training(model, opt, step)
-    before = state_of(training)
-    result = probe_speed(step, options=("compile",), steps=4, namespace=training.namespace())
-    assert_same_state(before, state_of(training))
+    result = probe_compiled(supervised(model, opt, lambda: (torch.randn(8, 16), torch.randint(0, 4, (8,)))), steps=4)
     assert "forward" not in model.__dict__ and model._compiled_call_impl is None  # it runs eagerly again
     compiled = result.option("compile")
     assert compiled.error is None, compiled.error
@@ -63,17 +61,7 @@ def test_a_forward_that_draws_random_numbers_is_judged_on_eagers_numbers() -> No
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     x = torch.randn(8, 16)
 
-    def step() -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), x)
-        loss.backward()
-        opt.step()
-        return loss
-
-    training = Training(model, opt, step)
-    before = state_of(training)
-    result = probe_speed(step, options=("compile",), steps=3, namespace=training.namespace())
-    assert_same_state(before, state_of(training))
+    result = probe_compiled(supervised(model, opt, lambda: (x, x), F.mse_loss), steps=3)
     compiled = result.option("compile")
     assert compiled.error is None, compiled.error
     assert compiled.agrees is True, compiled.agreement
