@@ -32,6 +32,7 @@ from jupyter_gpu.batchprobe.search import (
 )
 from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.release import release_last_error
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
@@ -126,7 +127,8 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
         # A OneCycleLR the step calls starts over at its end instead of raising (probekit/schedules.py).
         saves = SavedFiles(torch)  # a step that checkpoints would overwrite the user's file, trial after trial
-        with restarting_schedules(objects.schedulers) as restarted, saves:
+        contention = ContentionWatch(torch)  # the trials' step times, measured on a CPU others share
+        with restarting_schedules(objects.schedulers) as restarted, saves, contention:
             try:
                 runner.run()
                 if runner.switch_to is not None:  # the first trial showed the work is on another device
@@ -155,6 +157,8 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         budget.close()
     notes += [restarted_note(name) for name in restarted]
     notes += probe_leftover_notes(saves, advanced)
+    if contention.note is not None:
+        notes.append(f"The step times: {contention.note}.")
     printed = runner.output.note(getattr(step, "__name__", "the step"))
     if printed is not None:
         notes.append(printed)

@@ -41,6 +41,7 @@ from jupyter_gpu.dataprobe.result import (
 )
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_failure import argument_mismatch
@@ -139,11 +140,13 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     restarted: list[str] = []
     caught: list[warnings.WarningMessage] = []
     saves = SavedFiles(torch)  # a step that checkpoints would overwrite the user's file, trial after trial
+    contention = ContentionWatch(torch)
     try:
         # Each loader the probe builds warns as the user's did (on a CPU machine, `pin_memory=True` warned four
         # times in one probe, above its report): kept, and named once each in the notes.
+        # Its own DataLoader workers are this process's children: only other processes count as sharing the CPU.
         with (restarting_schedules(objects.schedulers) as restarted, warnings.catch_warnings(record=True) as caught,
-              saves):
+              saves, contention):
             warnings.simplefilter("always")
             probe.run()
     finally:
@@ -154,6 +157,8 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     probe.notes += [restarted_note(name) for name in restarted]
     probe.notes += _warning_notes(caught)
     probe.notes += probe_leftover_notes(saves, snapshot.advanced_iterators)
+    if contention.note is not None:
+        probe.notes.append(f"The rates: {contention.note}.")
     printed = target.output.note(step_name or "the step") if target is not None else None
     if printed is not None:
         probe.notes.append(printed)

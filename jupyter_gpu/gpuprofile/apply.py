@@ -69,6 +69,9 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
     if speed is not None and speed.interrupted:
         plan.interrupted = "%speedprobe"  # what it measured is partial: the user asked to stop, not to go on
         return plan
+    if speed is not None and speed.shared_cpu is not None:
+        plan.left_out.append(("precision, layout, fused optimizers", f"not judged: {speed.shared_cpu}"))
+        speed = None
     if speed is not None:
         plan.checked.append(f"%speedprobe {TRAIN_STEP} --try {','.join(options)} --steps {PROBE_STEPS}")
         best = speed.best

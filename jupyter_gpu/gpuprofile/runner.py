@@ -28,6 +28,7 @@ from jupyter_gpu.gpuprofile.result import (
 )
 from jupyter_gpu.gpuprofile.script_calls import with_script_commands
 from jupyter_gpu.kernel_torch import cuda_initialized
+from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.step_variables import advanced_iterators_notes
 from jupyter_gpu.probekit.ticker import Ticker
@@ -120,6 +121,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     value: Any = None
     error: BaseException | None = None
     iterators_before = _loader_iterators(torch, places)
+    contention = ContentionWatch(torch)  # the loop's own DataLoader workers are its children, not other processes
     began = time.perf_counter()
     try:
         instruments.install()
@@ -127,7 +129,7 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
             # Our global module hooks make torch warn at every call of a torch.compile'd model that they fire for
             # its wrapper too: they are ours, counted once (the outermost call), and traced as no-ops inside.
             warnings.filterwarnings("ignore", message=_COMPILED_MODULE_HOOKS_WARNING, category=UserWarning)
-            with saves if saves is not None else contextlib.nullcontext():
+            with saves if saves is not None else contextlib.nullcontext(), contention:
                 value = run()
         instruments.finish()
     except StopProfile as stop:
@@ -162,6 +164,8 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
         result.notes.extend(advanced_iterators_notes(snapshot.advanced_iterators, "The cell"))
     if saves is not None:
         result.notes.extend(saved_files_notes(saves, "the cell's torch.save", "; --keep keeps what the steps wrote"))
+    if contention.note is not None:
+        result.notes.append(f"The step times: {contention.note}.")
     if created and not request.keep:
         result.notes.append(f"{', '.join(created)}: made by the cell itself, so they keep the steps it ran (only "
                             "what existed before the cell is put back).")

@@ -35,6 +35,8 @@ def headline(result: SpeedProbeResult) -> str:
 
 
 def _verdict(result: SpeedProbeResult) -> str:
+    if result.shared_cpu is not None:
+        return f"no recommendation: {result.shared_cpu}"
     best = result.best
     if best is not None:
         return f"{best.title}: {_factor(best.speedup)} faster, agrees{_compile_cost(best)}"

@@ -124,6 +124,8 @@ class SpeedProbeResult(RichResult):
     # Batches one call of the step trains on: the calls of the model the batch size was read from (gradient
     # accumulation calls it once per micro-batch).
     batches_per_step: int = 1
+    # Other processes held the CPU cores the timings needed (probekit/cpu_contention): why nothing is recommended.
+    shared_cpu: str | None = None
 
     @property
     def baseline_seconds(self) -> float | None:
@@ -144,6 +146,8 @@ class SpeedProbeResult(RichResult):
         return adopt_lines(self.best.members, self.code_context) if self.best is not None else []
 
     def summary(self) -> str:
+        if self.shared_cpu is not None:
+            return f"speedprobe {self.step_name}: no recommendation, the CPU was shared while it ran"
         if self.best is None:
             return f"speedprobe {self.step_name}: nothing tried is faster and agrees"
         return f"speedprobe {self.step_name}: {self.best.title} {self.best.speedup:.2f}x"
@@ -158,4 +162,5 @@ class SpeedProbeResult(RichResult):
             "launch": self.launch.to_dict() if self.launch else None,
             "repeatability": self.repeatability, "steps": self.steps, "notes": list(self.notes),
             "restored": list(self.restored), "seconds": self.seconds, "interrupted": self.interrupted,
+            "shared_cpu": self.shared_cpu,
         }

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
@@ -46,6 +47,8 @@ DEFAULT_STEPS = 20
 NOT_REPEATABLE = 0.05
 # The baseline at the start and at the end differing by more than this factor: the machine's speed changed.
 BASELINE_DRIFT = 1.25
+# The baseline's slowest timed step over its fastest beyond this: the steps were held up, not the step's own spread.
+UNSTEADY = 3.0
 
 Progress = Callable[[str], None]
 
@@ -112,8 +115,10 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     interrupted = False
     restarted: list[str] = []
     saves = SavedFiles(torch)  # a lifted loop body's periodic checkpoint would overwrite the user's, call after call
+    contention = ContentionWatch(torch)
     try:
-        with restarting_schedules((protected if protected.objects() else objects).schedulers) as restarted, saves:
+        with restarting_schedules((protected if protected.objects() else objects).schedulers) as restarted, saves, \
+                contention:
             probe.run()
     except KeyboardInterrupt:
         interrupted = True
@@ -124,8 +129,11 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
         gc.collect()
     probe.notes += [restarted_note(name) for name in restarted]
     probe.notes += probe_leftover_notes(saves, snapshot.advanced_iterators)
+    shared_cpu = contention.note if contention.note is not None and probe.timings_disturbed() else None
+    if contention.note is not None and shared_cpu is None:
+        probe.notes.append(f"{contention.note}; the baseline's steps were steady all the same")
     return probe.result(interrupted, [*(protected if protected.objects() else objects).names(),
-                                      *snapshot.changed_variables], user_compiled)
+                                      *snapshot.changed_variables], user_compiled, shared_cpu=shared_cpu)
 
 
 def _check_step(torch: Any, step: Any, name: str) -> None:
@@ -186,6 +194,7 @@ class _Probe:
         self.repeat_noise: float | None = None
         self.sensitivity: dict[str, float | None] = {}
         self.null_gradients: set[int] = set()  # parameters whose update is rounding noise: left out of comparisons
+        self.drift: float | None = None  # the baseline's median step at the end over the start's, or the inverse
         self.rounded_drift: dict[str, float | None] = {}  # the loss's drift over the steps from rounded weights
         self.single_runs: list[tuple[str, str | None, Run | None]] = []
         self.judged_singles: list[OptionTrial] | None = None  # the singles once both baselines are in
@@ -281,10 +290,18 @@ class _Probe:
         return [OptionTrial(option, (option,), skipped=reason) if run is None else self._trial(option, (option,), run)
                 for option, reason, run in self.single_runs]
 
+    def timings_disturbed(self) -> bool:
+        """The baseline's step changed speed between its two runs, or within one by more than UNSTEADY times: what
+        other processes holding the cores do to the timings (42.6x read off a baseline of 4.2 ms - 508 ms)."""
+        times = self.baseline.times if self.baseline is not None else []
+        unsteady = bool(times) and min(times) > 0 and max(times) / min(times) > UNSTEADY
+        return unsteady or (self.drift is not None and self.drift > BASELINE_DRIFT)
+
     def _note_drift(self, first: Run, second: Run) -> None:
         if not first.times or not second.times:
             return
         start, end = statistics.median(first.times), statistics.median(second.times)
+        self.drift = max(start, end) / min(start, end) if min(start, end) > 0 else None
         if max(start, end) > BASELINE_DRIFT * min(start, end):
             self.notes.append(f"the machine's speed changed while the probe ran: the baseline step took "
                               f"{format_seconds(start)} at the start and {format_seconds(end)} at the end, so the "
@@ -401,10 +418,12 @@ class _Probe:
 
     # -- the result -------------------------------------------------------------------------------------------------
 
-    def result(self, interrupted: bool, restored: list[str], user_compiled: bool) -> SpeedProbeResult:
+    def result(self, interrupted: bool, restored: list[str], user_compiled: bool,
+               shared_cpu: str | None = None) -> SpeedProbeResult:
         baseline = self.baseline or OptionTrial("baseline", ())
         singles_measured = self.judged_singles if self.judged_singles is not None else self.singles()
-        best = decide.choose_best(singles_measured, self.combination)
+        # Timings taken while other processes held the cores say nothing about the options: none is recommended.
+        best = decide.choose_best(singles_measured, self.combination) if shared_cpu is None else None
         run = self.baseline_run
         # A variant switches every optimizer the notebook holds; only those the step stepped are worth a note.
         _, used_optimizers = self._used()
@@ -439,7 +458,7 @@ class _Probe:
             combination=self.combination, best=best, launch=self._launch(baseline, run),
             code_context=self._code_context(), repeatability=self.repeat_noise, steps=self.request.steps,
             notes=notes, restored=[*restored, "RNG", "global flags"] if restored else ["RNG", "global flags"],
-            seconds=time.perf_counter() - self.started, interrupted=interrupted)
+            seconds=time.perf_counter() - self.started, interrupted=interrupted, shared_cpu=shared_cpu)
 
     def _launch(self, baseline: OptionTrial, run: Run | None) -> LaunchProfile | None:
         if run is None or baseline.seconds is None or not run.ops:
