@@ -384,16 +384,20 @@ def _lift_without_loader(source: LoopSource | None, step_sites: Mapping[tuple[st
     loop = max(loops, key=lambda node: node.lineno)  # the innermost
     statements = _without_stop_guards(loop.body)
     why = _blocked(statements)
-    counter = counter_value = None
+    counters: list[tuple[str, str]] = []  # (name, the value it takes on this call)
+    iterable = None
     if isinstance(loop, ast.For):
-        iterable = loop.iter
-        if (isinstance(loop.target, ast.Name) and isinstance(iterable, ast.Call) and _name(iterable.func) == "range"
+        # Through enumerate and progress bars: `for batch, i in enumerate(range(0, n, bptt))`, the PyTorch word
+        # language model's loop, and `for i in tqdm(range(n))`.
+        target, enumerated, iterable = _unwrap(loop)
+        if (isinstance(target, ast.Name) and isinstance(iterable, ast.Call) and _name(iterable.func) == "range"
                 and not iterable.keywords):
-            # The counter goes on from call to call as the loop counted, round its range (`if iter % 50 == 0`).
-            counter, span = loop.target.id, ast.unparse(iterable)
-            counter_value = f"{span}[{TRAIN_STEP}.calls % len({span})]"
+            # The counters go on from call to call as the loop counted, round its range (`if iter % 50 == 0`).
+            span = ast.unparse(iterable)
+            position = f"{TRAIN_STEP}.calls % len({span})"
+            counters = [(target.id, f"{span}[{position}]"), *([(enumerated, position)] if enumerated else [])]
         else:
-            why = why or (f"the loop at line {loop.lineno} takes each step's data from `{ast.unparse(iterable)}`, "
+            why = why or (f"the loop at line {loop.lineno} takes each step's data from `{ast.unparse(loop.iter)}`, "
                           "neither a DataLoader nor a counter")
     if why is None and not any(_top_level_holds(statements, line) for line in lines):
         why = ("the optimizer steps only on some of the loop's iterations (its step is under an `if`: gradient "
@@ -402,11 +406,11 @@ def _lift_without_loader(source: LoopSource | None, step_sites: Mapping[tuple[st
         site = next((site for site in scopes if site[0] == filename and site[1] in lines), None)
         scope = scopes[site].visible(namespace) if site is not None else {}
         # The counter's range is evaluated in the step too (`range(iterations)`, a function's argument).
-        seen = [*statements, ast.Expr(loop.iter)] if counter else statements
-        bound, why = _closed_over(seen, {counter} if counter else set(), scope, namespace)
+        seen = [*statements, ast.Expr(iterable)] if counters and iterable is not None else statements
+        bound, why = _closed_over(seen, {name for name, _ in counters}, scope, namespace)
     if why is not None:
         return Lifted(_loader_free_templates(why))
-    code = _train_step_code(loop, statements, counter, counter_value, namespace, list(bound))
+    code = _train_step_code(loop, statements, counters, namespace, list(bound))
     steps = [ReadyStep("%speedprobe", TRAIN_STEP, f"%speedprobe {TRAIN_STEP}", code),
              *_loader_free_templates(f"the loop at line {loop.lineno} makes its own batches, so the profile cannot "
                                      "resize one")[1:]]
@@ -424,14 +428,17 @@ def _top_level_holds(statements: list[ast.stmt], line: int) -> bool:
     return False
 
 
-def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], counter: str | None,
-                     counter_value: str | None, namespace: Mapping[str, Any], bound: list[str]) -> str:
-    """`profile_train_step()`: one iteration of a loop that makes its own batches, returning its loss."""
+def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], counters: list[tuple[str, str]],
+                     namespace: Mapping[str, Any], bound: list[str]) -> str:
+    """`profile_train_step()`: one iteration of a loop that makes its own batches, returning its loss. `counters`:
+    the loop's counters and the value each takes on a call."""
     body: list[ast.stmt] = [ast.Expr(ast.Constant(f"One iteration of the loop at line {loop.lineno}, which makes "
                                                   "its own batch; returns its loss (lifted by %%gpuprofile)."))]
-    body.extend(_carried_declarations(_carried(statements) - ({counter} if counter else set()), namespace, bound))
-    if counter is not None and counter in _loaded(statements):
-        body.extend(ast.parse(f"{counter} = {counter_value}\n{TRAIN_STEP}.calls += 1").body)
+    body.extend(_carried_declarations(_carried(statements) - {name for name, _ in counters}, namespace, bound))
+    used = [(name, value) for name, value in counters if name in _loaded(statements)]
+    if used:
+        assignments = "\n".join(f"{name} = {value}" for name, value in used)
+        body.extend(ast.parse(f"{assignments}\n{TRAIN_STEP}.calls += 1").body)
     lifted = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(statements)]
     lifted.append(_loss_returned(statements) or ast.Return(value=None))
     body.extend(lifted)

@@ -42,8 +42,10 @@ def _ready(result: ProfileResult, probe: str) -> ReadyStep | None:
 
 
 def _command(result: ProfileResult, probe: str, fallback: str) -> str:
+    """The ready step's command for `probe`, or the command of the wrapper it prints to fill in (its name, so the
+    plan and the "Ready steps" section name the same function); `fallback` where there is neither."""
     ready = _ready(result, probe)
-    return ready.command if ready is not None and ready.name is not None else fallback
+    return ready.command if ready is not None else fallback
 
 
 def compile_lines(models: list[str], option: str = "compile") -> str:

@@ -330,6 +330,11 @@ def test_a_loop_that_returns_from_its_function_is_profiled_and_says_why_its_step
     assert result.steps == 3
     assert all(r.name is None and "`return` at line 6" in r.reason for r in result.ready_steps)
     assert "profile_step" not in ip.user_ns
+    # The plan names the wrappers the "Ready steps" section prints to fill in, not a placeholder of its own.
+    probe_commands = [item.command for item in result.plan if item.command.startswith("%")]
+    assert probe_commands and all(command.startswith(("%dataprobe loader --step step", "%speedprobe train_step",
+                                                      "%batchprobe sized_step")) for command in probe_commands), \
+        probe_commands
 
 
 def test_a_step_based_loop_with_next_and_a_max_steps_guard_is_lifted_and_its_steps_run(ip) -> None:
@@ -1233,3 +1238,39 @@ for epoch in range(2):
     # The ready step runs, carrying the hidden state as the loop did.
     ip.run_cell("profile_train_step()").raise_error()
     assert isinstance(ip.user_ns["hidden"], tuple) and ip.user_ns["hidden"][0].shape == (1, 12, 64)
+
+
+def test_the_word_language_model_loop_over_enumerate_range_is_lifted_with_both_counters(ip) -> None:
+    # PyTorch's word_language_model example: `for batch, i in enumerate(range(0, train_data.size(0) - 1, bptt))`,
+    # batches sliced by get_batch(source, i). It was "neither a DataLoader nor a counter", so not lifted.
+    ip.run_cell("""
+import torch
+from torch import nn
+torch.manual_seed(0)
+bptt, seen = 8, []
+train_data = torch.randn(200, 4, 16)
+model = nn.Linear(16, 16)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def get_batch(source, i):
+    seen.append(i)
+    seq_len = min(bptt, len(source) - 1 - i)
+    return source[i:i + seq_len], source[i + 1:i + 1 + seq_len]
+""").raise_error()
+    run = ip.run_cell("""%%gpuprofile -o -q --steps 3 --warmup 1
+for epoch in range(2):
+    for batch, i in enumerate(range(0, train_data.size(0) - 1, bptt)):
+        data, targets = get_batch(train_data, i)
+        loss = nn.functional.mse_loss(model(data), targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if batch % 10 == 0:
+            pass
+""")
+    run.raise_error()
+    train = next(r for r in run.result.ready_steps if r.probe == "%speedprobe")
+    assert train.name == "profile_train_step", train.reason
+    ip.user_ns["seen"].clear()
+    for _ in range(3):
+        ip.run_cell("profile_train_step()").raise_error()
+    assert ip.user_ns["seen"] == [0, 8, 16]  # the range's values, call after call, as the loop went
