@@ -130,8 +130,11 @@ def adopt_lines(names: tuple[str, ...], context: CodeContext) -> list[str]:
         if converted is not None and forward is not None:
             forward = replace(forward, lines=(converted, *forward.lines[1:]))
         else:
+            # Where the step's source did not show the model's input (a lifted loop body's step calls the body),
+            # no variable is named: `x = x.to(...)` had named one the user's loop does not have.
             lines.append(forward.channels_last if forward and forward.channels_last else
-                         "x = x.to(memory_format=torch.channels_last)  # each input batch, in the step")
+                         f"# and each input batch, where the step calls {context.model}: "
+                         "batch = batch.to(memory_format=torch.channels_last), by its own name")
     if "fused-optimizer" in chosen:
         lines += [_optimizer_line(optimizer) for optimizer in context.optimizers]
     # torch.compile(model), not model.compile(): on torch 2.13 the latter compiles nothing for an nn.Sequential.

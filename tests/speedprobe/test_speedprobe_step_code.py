@@ -152,3 +152,14 @@ for epoch in range(3):
     lines = adopt_lines(("channels-last", "amp-bf16"), result.code_context)
     assert "inputs = inputs.to(memory_format=torch.channels_last)  # each input batch, in the step" in lines
     assert lines[-2:] == ["    outputs = net(inputs)", "    loss = criterion(outputs, labels)"]
+
+
+def test_without_the_steps_source_the_input_conversion_names_no_variable() -> None:
+    # A lifted loop body's step calls the body: its own source shows no model call, and the line had read
+    # `x = x.to(...)` for a loop whose batch was `images`.
+    from jupyter_gpu.speedprobe.catalog import CodeContext, adopt_lines
+
+    lines = adopt_lines(("channels-last",), CodeContext(device_type="cpu", models=("cnn",)))
+    assert lines[0] == "cnn = cnn.to(memory_format=torch.channels_last)  # before creating the optimizer"
+    assert lines[1].startswith("# and each input batch, where the step calls cnn: ")
+    assert not any(line.startswith("x = ") for line in lines)
