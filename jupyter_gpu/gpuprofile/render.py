@@ -334,8 +334,13 @@ def _applied_text(applied: AppliedFixes) -> list[str]:
         lines = [f"  applied: {'; '.join(applied.applied) or nothing}"]
     if applied.after is not None:
         lines += table_text(_applied_rows(applied), ("before", "after"))
-        if applied.speedup is not None:
+        if applied.speedup is not None and applied.reproducible:
             lines.append(f"  {applied.speedup:.2f}x per step, measured on your loop")
+        elif applied.speedup is not None:
+            low, high = min(applied.pair_speedups), max(applied.pair_speedups)
+            lines.append(f"  not reproducible: the pairs of runs gave {low:.2f}x to {high:.2f}x, so this machine's "
+                         "speed changed while they ran (other work on it?); run --apply again when it is idle "
+                         "before keeping the fixes for their speed")
         if applied.runs_each > 1:
             pairs = " and ".join(f"{speedup:.2f}x" for speedup in applied.pair_speedups)
             steps = len(applied.before.step_seconds) // applied.runs_each

@@ -818,6 +818,20 @@ def test_apply_leaves_out_a_figure_neither_run_has() -> None:
     assert "of the matmul ceiling" in table and "samples/s" in table
 
 
+def test_apply_pairs_that_disagree_are_called_not_reproducible_not_a_speed_up() -> None:
+    # As a shared machine gave them: the pairs (before, after) 1.21x and 0.22x, shown as "1.21x per step".
+    def runs(*seconds: float) -> RunFigures:
+        return RunFigures(min(seconds), 64 / min(seconds), None, 0.5, None, 0.1, 0.0, [], run_seconds=list(seconds))
+
+    shared = AppliedFixes(["bf16 autocast"], [], [], [], runs(0.212, 0.050), runs(0.176, 0.230), runs_each=2)
+    text = str(replace(profile(), applied=shared))
+    assert not shared.reproducible and shared.to_dict()["reproducible"] is False
+    assert "x per step, measured on your loop" not in text
+    assert "not reproducible: the pairs of runs gave 0.22x to 1.20x" in text
+    steady = AppliedFixes(["bf16 autocast"], [], [], [], runs(0.212, 0.214), runs(0.176, 0.170), runs_each=2)
+    assert steady.reproducible and "1.25x per step, measured on your loop" in str(replace(profile(), applied=steady))
+
+
 def test_resizing_a_batch_leaves_nothing_for_the_garbage_collector() -> None:
     # %batchprobe counts what stays alive after each call: a reference cycle holding the index tensor looked like a
     # leak of 8 bytes a sample per call.
