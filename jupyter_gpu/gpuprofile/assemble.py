@@ -208,7 +208,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         interrupted=isinstance(error, KeyboardInterrupt),
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
         gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
-        ready_steps=ready, losses=[statistics.fmean(float(t) for t in r.losses) for r in profiled if r.losses],
+        ready_steps=ready, losses=_losses(instruments, profiled, notes),
         models=models, compiled_models=compiled_models, anomaly_detection=instruments.anomaly_detection)
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):
@@ -301,6 +301,18 @@ def _operators(totals: Any, ceiling: Ceiling | None,
 # kernels (mkldnn_rnn_layer on the CPU, _cudnn_rnn on CUDA, miopen_rnn, _thnn_fused_lstm_cell and their backwards).
 # Counted as moving bytes only, an LSTM's kernels were called memory-bound fusion candidates.
 _UNPRICED_COMPUTE = re.compile(r"rnn|lstm|gru")
+
+
+def _losses(instruments: Instruments, profiled: list[Any], notes: list[str]) -> list[float]:
+    """The loss at each profiled step: the mean of what backward() ran from in it (gradient accumulation's
+    micro-batches). Not where several optimizers step (a GAN): the discriminator's and the generator's losses are
+    not one quantity, and their mean had been shown as the loop's loss."""
+    if len(instruments.stepped_optimizers) > 1:
+        if any(record.losses for record in profiled):
+            notes.append(f"No loss per step is shown: the loop steps {len(instruments.stepped_optimizers)} "
+                         "optimizers, each with its own loss (a GAN's discriminator and generator).")
+        return []
+    return [statistics.fmean(float(t) for t in record.losses) for record in profiled if record.losses]
 
 
 def _unpriced_compute(totals: Any) -> list[str]:

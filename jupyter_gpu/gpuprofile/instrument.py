@@ -89,6 +89,7 @@ class Instruments:
         self.census_totals: Any = None
         self.mode: str | None = None
         self.lead_optimizer: int | None = None
+        self.stepped_optimizers: set[int] = set()  # ids of every optimizer that stepped (a GAN's two)
         self.optimizer_steps = 0
         self._profiled_seconds = 0.0
         self.batches = 0
@@ -324,6 +325,7 @@ class Instruments:
     def _stepped(self, optimizer: Any) -> None:
         """An optimizer step of the loop ended (or its GradScaler skipped it)."""
         self.optimizer_steps += 1
+        self.stepped_optimizers.add(id(optimizer))
         if self._last_site is not None:
             self.trained_sites.add(self._last_site)
             self.trained_batch = self.last_batch

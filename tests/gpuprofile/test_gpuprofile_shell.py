@@ -698,6 +698,9 @@ for epoch in range(3):
     run.raise_error()
     assert run.result.models == ["G", "D"]  # in the order the loop called them; not bce, not the unused Linear
     assert run.result.to_dict()["models"] == ["G", "D"]
+    # lossD and lossG are not one quantity: their mean had been shown as the loop's loss.
+    assert run.result.losses == []
+    assert any(note.startswith("No loss per step is shown: the loop steps 2 optimizers") for note in run.result.notes)
 
 
 def test_profile_training_lifts_a_module_function_s_loop_and_says_where_its_ready_steps_are(tmp_path) -> None:
