@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -13,6 +14,10 @@ from jupyter_gpu.units import parse_bytes
 
 class OptionsError(ValueError):
     """A bad option, as one sentence a user can act on."""
+
+
+class HelpRequested(Exception):
+    """-h or --help on a magic's line: a request, not an error; the magic shows its help instead of running."""
 
 
 class SentenceParser(argparse.ArgumentParser):
@@ -29,8 +34,8 @@ class SentenceParser(argparse.ArgumentParser):
         sentence = message[0].upper() + message[1:].rstrip(".") + "."
         unrecognized = message.split(":", 1)[1].split() if message.startswith("unrecognized arguments:") else []
         if not self.add_help and {"-h", "--help"} & set(unrecognized):
-            # A magic's help is IPython's `%magic?`, generated from this parser (help_from).
-            sentence += f" For help, type {self.prog}?"
+            # A magic's help is its docstring, generated with this parser (help_from), which shows it.
+            raise HelpRequested(self.prog)
         raise OptionsError(sentence)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
@@ -45,14 +50,24 @@ Documented = TypeVar("Documented", bound=Callable[..., Any])
 
 
 def help_from(parser: Callable[[], argparse.ArgumentParser]) -> Callable[[Documented], Documented]:
-    """A magic's `%magic?` help: its docstring's prose, then the usage and options of the parser it parses with.
+    """A magic's `%magic?` help: its docstring's prose, then the usage and options of the parser it parses with;
+    `%magic -h` or `--help` prints the same instead of running the magic.
 
     Generated from the parser, so the help can never leave out an option the magic accepts.
     """
     def document(function: Documented) -> Documented:
         prose = inspect.cleandoc(function.__doc__ or "")
         function.__doc__ = f"{prose}\n\n{parser().format_help().rstrip()}\n"
-        return function
+
+        @functools.wraps(function)
+        def magic(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True  # IPython leaves this frame out of a cell error's traceback
+            try:
+                return function(*args, **kwargs)
+            except HelpRequested:  # `%magic --help` shows what `%magic?` shows, instead of running
+                print(function.__doc__)
+                return None
+        return magic  # type: ignore[return-value]
     return document
 
 
