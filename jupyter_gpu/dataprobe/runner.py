@@ -360,8 +360,13 @@ class _Probe:
                     measured.append((settings.num_workers, trial.samples_per_second, trial.wait_fraction))
                 reason = decide.stop_adding_workers(measured, ceiling)
             if reason is not None and index + 1 < len(first):
-                counts = ", ".join(str(later.num_workers) for later in first[index + 1:])
-                self.skipped.append(f"{counts} workers: {reason}")
+                # Your own setting was measured already (at your settings): it is not among those not tried (by
+                # what the report calls it: a sweep setting may differ from yours in what it does not show).
+                untried = [later for later in first[index + 1:] if later.label() != self.baseline_settings.label()]
+                if untried:
+                    counts = ", ".join(str(later.num_workers) for later in untried)
+                    plural = "s" if len(untried) > 1 or untried[0].num_workers != 1 else ""
+                    self.skipped.append(f"{counts} worker{plural}: {reason}")
                 self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * (len(first) - index - 1))
                 break
         self._second_stage(ceiling)
