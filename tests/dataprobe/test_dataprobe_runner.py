@@ -395,4 +395,3 @@ def test_a_warning_each_loader_it_builds_repeats_is_one_note_not_a_stream_above_
     assert not [w for w in recwarn.list if "pin_memory" in str(w.message)]
     [note] = [note for note in result.notes if "pin_memory" in note]
     assert note.startswith("warned while the probe ran (") and "UserWarning: 'pin_memory' argument" in note
-
