@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpu.facts.context import DEFAULT_PROBE_TIMEOUT_S, ProbeContext
@@ -27,7 +28,13 @@ def run_check(
     context: ProbeContext | None = None,
 ) -> GpuCheckReport:
     if request.facts:
-        snapshot = load_snapshot(request.facts)
+        try:
+            snapshot = load_snapshot(request.facts)
+        except OSError as exc:  # one sentence for every surface, not "[Errno 2] No such file or directory: ..."
+            raise ValueError(f"--facts {request.facts} cannot be read: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--facts {request.facts} is not a JSON facts snapshot ({exc.msg}, line "
+                             f"{exc.lineno})") from None
     else:
         ctx = context or ProbeContext.from_environment(
             root=request.root, probe_timeout_s=request.timeout or DEFAULT_PROBE_TIMEOUT_S)
@@ -36,7 +43,10 @@ def run_check(
         snapshot = gather_facts(ctx, notebook=notebook, cache=cache, refresh=request.refresh,
                                 while_waiting=load_diagnosis)
     if request.save:
-        save_snapshot(snapshot, request.save)
+        try:
+            save_snapshot(snapshot, request.save)
+        except OSError as exc:
+            raise ValueError(f"--save {request.save} cannot be written: {exc.strerror or exc}") from None
     from jupyter_gpu.gpucheck.diagnose.engine import diagnose  # already loaded: see load_diagnosis
 
     return diagnose(snapshot, verbose=request.verbose)
