@@ -78,12 +78,14 @@ class StorageRecord:
                            address=self.address)
 
 
-def name_order(path: str, kind: str) -> tuple[int, int, int]:
+def name_order(path: str, kind: str) -> tuple[int, bool, bool, int]:
     """Which of two names of one storage names it: the more specific kind (a parameter over a variable holding
     it), then the model's name for a parameter over the optimizer's slot for it (`model.encoder.linear1.weight`,
-    not `opt.param_groups[0]['params'][6]`, however long), then the shorter path (`kept['last']` over the hook's
-    closure that also reaches it)."""
-    return KIND_RANK[kind], ".param_groups[" in path, len(path)
+    not `opt.param_groups[0]['params'][6]`, however long) or over a list the notebook keeps it in (`decay[3]`, a
+    weight-decay parameter group built by hand), then the shorter path (`kept['last']` over the hook's closure
+    that also reaches it)."""
+    in_a_list = kind in (PARAMETER, BUFFER, GRADIENT) and "[" in path
+    return KIND_RANK[kind], ".param_groups[" in path, in_a_list, len(path)
 
 
 @dataclass

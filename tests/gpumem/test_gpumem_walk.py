@@ -62,6 +62,20 @@ def test_a_trained_cnn_names_parameters_gradients_buffers_and_adam_state_by_path
     assert sum(e.bytes for e in memory.entries if e.kind == "parameter") == total
 
 
+def test_a_parameter_and_its_gradient_are_named_by_the_model_not_by_a_weight_decay_list() -> None:
+    # The usual AdamW set-up builds its parameter groups in lists of the notebook's: `decay[0].grad` is shorter
+    # than the model's name for it, and %batchprobe had listed the model's gradients as "decay gradients".
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 2))
+    decay = [p for name, p in model.named_parameters() if p.dim() > 1]
+    no_decay = [p for name, p in model.named_parameters() if p.dim() <= 1]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0}])
+    model(torch.randn(4, 8)).sum().backward()
+    memory = map_memory({"model": model, "optimizer": optimizer, "decay": decay, "no_decay": no_decay})
+    named = [entry for entry in memory.entries if entry.kind in ("parameter", "gradient")]
+    assert named and all(entry.path.startswith("model.") for entry in named), [entry.path for entry in named]
+    assert any(name.startswith("decay[") for entry in named for name in entry.names)  # still among its names
+
+
 def test_a_deep_models_parameter_is_named_by_the_model_not_by_the_optimizers_shorter_slot() -> None:
     # "model.net.encoder.layers.0.linear1.weight" is longer than "optimizer.param_groups[0]['params'][6]": the
     # model's name still names it, and the optimizer's slot is the other name.
