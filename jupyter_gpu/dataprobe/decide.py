@@ -23,6 +23,9 @@ PREDICTION_TOLERANCE = 0.15
 LARGER_PREFETCH = 4
 # A loop within 5% of the step alone has nothing left to gain from the loader: more workers cannot beat the step.
 CEILING_SHARE = 0.95
+# The step alone measured this much slower than the loop with it: the two measures disagree (see
+# perfect_loader_speedup).
+DISAGREE_BELOW = 0.25
 # More workers past the best count: two counts in a row this much slower mean oversubscription, not noise.
 SLOWER_BY = 0.10
 # A loop that waits for data less than this share of its time gains at most that much from more loading power.
@@ -42,10 +45,15 @@ def verdict(wait_fraction: float) -> str:
 
 
 def perfect_loader_speedup(step_alone: float | None, together: float | None) -> float | None:
-    """How much faster the loop would run if batches arrived instantly: the step alone over the loop."""
+    """How much faster the loop would run if batches arrived instantly: the step alone over the loop. A little
+    below 1 is noise (a loop cannot beat its own step); far below it the two measures disagree (the machine's
+    speed changed between them: 10,775 samples/s alone against 39,597 in the loop), and no figure is given: shown
+    as 1.0x beside "waited for data 27% of the loop" it contradicted the wait."""
     if not step_alone or not together:
         return None
-    return max(1.0, step_alone / together)  # below 1 is noise: a loop cannot beat its own step
+    if step_alone < (1 - DISAGREE_BELOW) * together:
+        return None
+    return max(1.0, step_alone / together)
 
 
 def worker_counts(cpus: int, current: int) -> list[int]:
