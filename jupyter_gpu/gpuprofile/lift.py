@@ -31,7 +31,7 @@ DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step",
 LOADER = "profile_loader"
 _FACTORY = "_make_profile_step"  # for a loop inside a function: makes profile_step, closing over its variables
 # Wrappers that yield what they wrap: `for x in tqdm(loader)`, `for i, x in enumerate(loader)`.
-_PASS_THROUGH = {"tqdm", "track", "trange", "iter"}
+_PASS_THROUGH = {"tqdm", "track", "iter"}
 # Iterating these gives each step a batch from several loaders; the profile keeps the last batch only.
 _SEVERAL = {"zip", "zip_longest", "product"}
 
@@ -161,6 +161,10 @@ def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None, ast.expr]:
             if isinstance(target.elts[0], ast.Name):
                 counter = target.elts[0].id
             target = target.elts[1]
+        elif called == "trange":  # tqdm's trange(a, b, step) is range(a, b, step) with a progress bar
+            function = ast.copy_location(ast.Name(id="range", ctx=ast.Load()), iterable.func)
+            return target, counter, ast.copy_location(ast.Call(func=function, args=iterable.args, keywords=[]),
+                                                      iterable)
         elif called not in _PASS_THROUGH:
             break
         iterable = iterable.args[0]

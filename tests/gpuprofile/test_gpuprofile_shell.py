@@ -1148,6 +1148,19 @@ def test_a_loop_that_makes_its_own_batches_gets_a_train_step_that_speedprobe_can
                                                                    "    loss = nn.functional.cross_entropy(logits, yb)"]
 
 
+def test_a_loop_over_trange_is_lifted_as_its_range(ip) -> None:
+    # tqdm's trange(n), the progress-bar form of range(n): it had been "neither a DataLoader nor a counter".
+    ip.run_cell(GET_BATCH + "from tqdm.auto import trange\nlogged = []\n").raise_error()
+    loop = NANO_LOOP.replace("range(200)", "trange(200, disable=True)").replace(
+        '        print(f"step {it}: val loss {estimate_loss():.4f}")', "        logged.append(it)")
+    result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\n" + loop).result
+    assert result.ready_steps[0].name == "profile_train_step", result.ready_steps[0].reason
+    ip.user_ns["logged"].clear()
+    for _ in range(51):
+        ip.run_cell("profile_train_step()").raise_error()
+    assert ip.user_ns["logged"] == [0, 50]  # the counter went on call after call, as the loop counted
+
+
 def test_a_loop_without_a_dataloader_inside_a_function_or_stepping_every_few_iterations(ip) -> None:
     ip.run_cell(GET_BATCH + "def train(iterations=200):\n" + textwrap.indent(
         NANO_LOOP.replace("range(200)", "range(iterations)"), "    ")).raise_error()
