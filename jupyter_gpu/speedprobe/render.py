@@ -102,8 +102,12 @@ def launch_paragraph(result: SpeedProbeResult) -> str | None:
         return None
     measured = f"{format_count(launch.ops)} operators per step at {format_seconds(launch.seconds_per_op)} each"
     if _on_cpu(launch):
+        # Where this probe measured compile and it did not help, it is not offered as the cure beside its own row.
+        compiled = [trial for trial in result.options if trial.name == "compile" and trial.measured]
+        cure = ("a bigger batch cuts it (torch.compile, measured above, did not)"
+                if compiled and not (compiled[0].speedup or 0) > 1 else "a bigger batch or torch.compile cuts it")
         return (f"overhead-bound: {measured}: Python and PyTorch's dispatcher, not arithmetic, take the time; "
-                "a bigger batch or torch.compile cuts it.")
+                f"{cure}.")
     if launch.gpu_busy is not None:
         return (f"launch-bound: {measured}, and the GPU ran kernels for {launch.gpu_busy:.0%} of the step "
                 f"({_kernels(launch)}, traced): it waits on Python. A bigger batch, compile-reduce-overhead (CUDA "

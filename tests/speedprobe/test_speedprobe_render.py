@@ -201,6 +201,9 @@ def test_an_overhead_bound_cpu_step_names_the_dispatcher() -> None:
     assert ("overhead-bound: 2,000 operators per step at 2.50 µs each: Python and PyTorch's dispatcher, not "
             "arithmetic, take the time; a bigger batch or torch.compile cuts it.") in text
     assert "launch-bound" not in text
+    # torch.compile measured slower just above: not offered as the cure.
+    slower = render_text(result([trial("compile", 0.4)], device="cpu", launch=launch))
+    assert "take the time; a bigger batch cuts it (torch.compile, measured above, did not)." in slower
 
 
 def test_a_step_that_is_not_launch_bound_gets_one_operators_row() -> None:
