@@ -152,6 +152,11 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     if timeline is not None and step_seconds:
         timeline = timeline.at_step(typical(step_seconds))  # the traced steps ran with a slowed host
     operators, memory_share = _operators(totals, ceiling, instruments.operator_gpu_seconds if timeline else {})
+    if totals is not None and totals.recomputed_flops and totals.flops:
+        notes.append(f"The FLOPs include {totals.recomputed_flops / 1e9:.3g} GFLOP "
+                     f"({totals.recomputed_flops / totals.flops:.0%}) that activation checkpointing "
+                     "(torch.utils.checkpoint) recomputed in the backward: work the device did, so the TFLOP/s and "
+                     "the shares of the ceiling and the peak count it, but not the model's own FLOPs.")
     unpriced = _unpriced_compute(totals)
     if unpriced:
         not_measured.append(f"FLOPs of {', '.join(unpriced)} (recurrent layers: LSTM, GRU, RNN): torch.utils."

@@ -31,6 +31,9 @@ class OperatorCount:
 class CensusTotals:
     operators: dict[str, OperatorCount]
     flops_by_dtype: dict[str, int]  # FLOPs of the matmul family per input dtype ("torch.bfloat16", ...)
+    # FLOPs activation checkpointing (torch.utils.checkpoint, non-reentrant) recomputed in the backward: counted in
+    # `flops`, as work the device did, but not the model's own.
+    recomputed_flops: int = 0
 
     @property
     def flops(self) -> int:
@@ -46,6 +49,7 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
 
     formulas = dict(flop_registry)
     _add_cpu_attention_formulas(torch, formulas)
+    recomputing = _recomputation_test(torch)
 
     class OperatorCensus(TorchDispatchMode):
         supports_higher_order_operators = True  # run whole and uncounted, as under kernel_torch.handler_mode
@@ -54,6 +58,7 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
             super().__init__()
             self.counts: dict[str, OperatorCount] = {}
             self.flops_by_dtype: dict[str, int] = {}
+            self.recomputed_flops = 0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
             kwargs = kwargs or {}
@@ -95,6 +100,8 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
                 except Exception:  # a formula that cannot read these arguments: the operator is counted unpriced
                     flops = 0
                 count.flops += flops
+                if flops and recomputing():
+                    self.recomputed_flops += flops
                 dtype = _first_tensor_dtype(torch, args)
                 if dtype is not None and flops:
                     self.flops_by_dtype[dtype] = self.flops_by_dtype.get(dtype, 0) + flops
@@ -106,9 +113,23 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
                 for start, end in count.pending:
                     count.seconds += start.elapsed_time(end) / 1000.0
                 count.pending.clear()
-            return CensusTotals(self.counts, self.flops_by_dtype)
+            return CensusTotals(self.counts, self.flops_by_dtype, self.recomputed_flops)
 
     return OperatorCensus()
+
+
+def _recomputation_test(torch: Any) -> Any:
+    """A function telling whether the operator running now is activation checkpointing's recomputation: its
+    non-reentrant form recomputes the forward in the backward under its own saved-tensor hooks
+    (`torch.utils.checkpoint._recomputation_hook`), the innermost ones then. Reentrant checkpointing is not told."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return lambda: False
+
+    def recomputing() -> bool:
+        hooks = top(True)
+        return bool(hooks) and getattr(hooks[0], "__qualname__", "").startswith("_recomputation_hook.")
+    return recomputing
 
 
 def _add_cpu_attention_formulas(torch: Any, formulas: dict[Any, Any]) -> None:

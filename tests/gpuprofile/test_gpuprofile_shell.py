@@ -1290,3 +1290,30 @@ for epoch in range(2):
     for _ in range(3):
         ip.run_cell("profile_train_step()").raise_error()
     assert ip.user_ns["seen"] == [0, 8, 16]  # the range's values, call after call, as the loop went
+
+
+def test_flops_recomputed_by_activation_checkpointing_are_named(ip) -> None:
+    # A checkpointed block's forward runs again in the backward: the FLOPs count that work (the device did it),
+    # and a note says how much of it was recomputation, not the model's own.
+    ip.run_cell("""
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False).sum(dim=1)
+model = Checkpointed()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(TensorDataset(torch.randn(1024, 256), torch.randn(1024)), batch_size=64)
+""").raise_error()
+    run = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\nfor x, y in loader:\n    opt.zero_grad()\n"
+                      "    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
+    run.raise_error()
+    [note] = [note for note in run.result.notes if "activation checkpointing" in note]
+    # The backward recomputes what it needs: the first layer's product (2 x 256 x 1024 x 64 FLOPs), then the GELU.
+    assert note.startswith("The FLOPs include 0.0336 GFLOP ("), note
