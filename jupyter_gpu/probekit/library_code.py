@@ -10,6 +10,7 @@ source. Importing this module imports nothing heavy.
 
 from __future__ import annotations
 
+import functools
 import os
 import site
 import sys
@@ -21,26 +22,28 @@ _INSTALL_FOLDER_NAMES = {"site-packages", "dist-packages"}
 _FROZEN = "<frozen "  # the code file name of a module frozen into the interpreter (importlib, runpy)
 
 
-def library_folders() -> tuple[str, ...]:
-    """The interpreter's folders (its prefixes, the standard library) and every site-packages, each ending in a
-    separator so that `/opt/py` does not cover `/opt/python-notes`. Read each time: sys.path can change."""
+def library_code_prefixes(torch: Any = None) -> tuple[str, ...]:
+    """The interpreter's folders (its prefixes, the standard library), every site-packages, this package and torch
+    (when given), each ending in a separator so that `/opt/py` does not cover `/opt/python-notes`, as written and
+    with its links resolved, and the frozen modules' "<frozen importlib._bootstrap>": a code object's file name is
+    compared with `str.startswith`, on a hot path, without resolving it. Worked out once per sys.path (it can
+    change; resolving every folder costs about 0.5 ms, and the probes ask once per notebook object)."""
+    return _prefixes(tuple(sys.path), os.path.abspath(torch.__file__) if torch is not None else None)
+
+
+@functools.lru_cache(maxsize=8)
+def _prefixes(path: tuple[str, ...], torch_file: str | None) -> tuple[str, ...]:
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, site.getusersitepackages(),
                *site.getsitepackages(), *(sysconfig.get_paths().get(key, "") for key in
                                           ("stdlib", "platstdlib", "purelib", "platlib"))}
-    folders |= {entry for entry in sys.path if os.path.basename(entry) in _INSTALL_FOLDER_NAMES}
+    folders |= {entry for entry in path if os.path.basename(entry) in _INSTALL_FOLDER_NAMES}
     # A prefix of "/" (an interpreter installed at the root) would cover every folder, the user's too.
-    return tuple(os.path.join(folder, "") for folder in folders if folder and os.path.dirname(folder) != folder)
-
-
-def library_code_prefixes(torch: Any = None) -> tuple[str, ...]:
-    """`library_folders()`, this package and torch (when given), each as written and with its links resolved, and
-    the frozen modules' "<frozen importlib._bootstrap>": a code object's file name is compared with
-    `str.startswith`, on a hot path, without resolving it."""
-    folders = {*library_folders(), os.path.join(_PACKAGE, "")}
-    if torch is not None:
-        folders.add(os.path.join(os.path.dirname(os.path.abspath(torch.__file__)), ""))
-    resolved = {os.path.join(os.path.realpath(folder), "") for folder in folders}
-    return (_FROZEN, *sorted(folders | resolved))
+    found = {os.path.join(folder, "") for folder in folders if folder and os.path.dirname(folder) != folder}
+    found.add(os.path.join(_PACKAGE, ""))
+    if torch_file is not None:
+        found.add(os.path.join(os.path.dirname(torch_file), ""))
+    resolved = {os.path.join(os.path.realpath(folder), "") for folder in found}
+    return (_FROZEN, *sorted(found | resolved))
 
 
 def is_library_file(filename: str, torch: Any = None) -> bool:
