@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import inspect
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,7 +43,7 @@ from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
-from jupyter_gpu.probekit.step_failure import argument_mismatch
+from jupyter_gpu.probekit.step_failure import argument_mismatch, first_parameter
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -194,14 +193,10 @@ _BATCH_SIZE_NAMES = ("batch_size", "bs")
 
 def _check_step_arguments(step: Callable[..., Any], name: str) -> None:
     mismatch = argument_mismatch(step, name, 1, "%dataprobe calls it with one batch from the loader, step(batch)")
-    if mismatch is None:
-        try:
-            parameters = [p.name for p in inspect.signature(step).parameters.values()]
-        except (TypeError, ValueError):
-            return
-        if parameters[:1] and parameters[0] in _BATCH_SIZE_NAMES:
-            mismatch = (f"`{name}` takes {parameters[0]}, a batch size (the step %batchprobe takes), and %dataprobe "
-                        "calls it with one batch from the loader, step(batch)")
+    first = first_parameter(step)
+    if mismatch is None and first in _BATCH_SIZE_NAMES:
+        mismatch = (f"`{name}` takes {first}, a batch size (the step %batchprobe takes), and %dataprobe calls it "
+                    "with one batch from the loader, step(batch)")
     if mismatch is not None:
         raise DataProbeError(f"{mismatch}; write def step(batch): ... that trains on the batch it is given.")
 

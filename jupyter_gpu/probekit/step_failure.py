@@ -31,9 +31,8 @@ def argument_mismatch(step: Any, name: str, passed: int, call: str) -> str | Non
     """None when `step` can be called with `passed` positional arguments; else the sentence saying what it takes
     and how the probe calls it (`call`: "%speedprobe calls it with no arguments"). A callable without a readable
     signature (a builtin) is let through: the call will say."""
-    try:
-        parameters = list(inspect.signature(step).parameters.values())
-    except (TypeError, ValueError):
+    parameters = _parameters(step)
+    if parameters is None:
         return None
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p.name for p in positional if p.default is p.empty]
@@ -43,3 +42,16 @@ def argument_mismatch(step: Any, name: str, passed: int, call: str) -> str | Non
         return None
     takes = ", ".join(required + required_keywords) if required or required_keywords else "no arguments"
     return f"`{name}` takes {takes}, and {call}"
+
+
+def first_parameter(step: Any) -> str | None:
+    """The name of the step's first parameter (`batch_size`, `batch`), or None (none, or no readable signature)."""
+    parameters = _parameters(step)
+    return parameters[0].name if parameters else None
+
+
+def _parameters(step: Any) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(step).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
