@@ -162,6 +162,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     printed = runner.output.note(getattr(step, "__name__", "the step"))
     if printed is not None:
         notes.append(printed)
+    notes += runner.output.warning_notes()
     return _result(runner, request, budget, [*objects.names(), *changed, "RNG"], notes, memory_before, memory_after,
                    snapshot_bytes, time.perf_counter() - started, baseline)
 

@@ -8,7 +8,6 @@ class under spawn, CUDA under fork, a small /dev/shm) is named and skipped inste
 
 from __future__ import annotations
 
-import collections
 import gc
 import time
 import warnings
@@ -44,6 +43,7 @@ from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_failure import argument_mismatch, first_parameter
+from jupyter_gpu.probekit.step_output import warning_notes
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.units import format_bytes, format_seconds
@@ -154,7 +154,7 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         (progress or _silent)("")
         gc.collect()  # the fresh loaders and their batches go now, not at some later collection
     probe.notes += [restarted_note(name) for name in restarted]
-    probe.notes += _warning_notes(caught)
+    probe.notes += warning_notes([*caught, *(target.output.caught if target is not None else [])])
     probe.notes += probe_leftover_notes(saves, snapshot.advanced_iterators)
     if contention.note is not None:
         probe.notes.append(f"The rates: {contention.note}.")
@@ -167,12 +167,6 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
                            "before the probe: something the step created is still referenced.")
     restored = [*objects.names(), *snapshot.changed_variables, "RNG", "sampler"]
     return probe.result(loader_name, step_name if step is not None else None, restored)
-
-
-def _warning_notes(caught: list[warnings.WarningMessage]) -> list[str]:
-    counts = collections.Counter(f"{w.category.__name__}: {w.message}" for w in caught)
-    return [f"warned while the probe ran{f' ({count} times)' if count > 1 else ''}: {text}"
-            for text, count in counts.items()]
 
 
 def _cuda_allocated(torch: Any) -> int | None:

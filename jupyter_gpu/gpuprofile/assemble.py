@@ -151,7 +151,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
     timeline = analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window)
     if timeline is not None and step_seconds:
         timeline = timeline.at_step(typical(step_seconds))  # the traced steps ran with a slowed host
-    operators, memory_share = _operators(totals, ceiling, instruments.operator_gpu_seconds if timeline else {})
+    operators, memory_share, optimizer_share = _operators(totals, ceiling,
+                                                          instruments.operator_gpu_seconds if timeline else {})
     if totals is not None and totals.recomputed_flops and totals.flops:
         notes.append(f"The FLOPs include {totals.recomputed_flops / 1e9:.3g} GFLOP "
                      f"({totals.recomputed_flops / totals.flops:.0%}) that activation checkpointing "
@@ -208,6 +209,8 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         warmup_seconds=[r.seconds for r in warm], requested=request.steps or 0,
         breakdown=breakdown, syncs=syncs, copies=copies, flops=flops, compute=compute, ceiling=ceiling,
         operators=operators, memory_bound_share=memory_share, peak_memory=peak_memory,
+        optimizer_share=optimizer_share,
+        optimizer_fused=totals is not None and any(name.startswith("_fused_") for name in totals.optimizer_operators),
         batch_size=instruments.batch_size, batches_per_step=accumulation, overhead_seconds=overhead,
         not_measured=not_measured, notes=notes,
         interrupted=isinstance(error, KeyboardInterrupt),
@@ -276,30 +279,38 @@ def _ceiling(torch: Any, device: str, compute: str, notes: list[str], not_measur
 
 
 def _operators(totals: Any, ceiling: Ceiling | None,
-               gpu_seconds: dict[str, float]) -> tuple[list[Operator], float | None]:
-    """The operators ranked by what they cost a step, and the share of that in memory-bound ones. On CUDA the cost
-    is each operator's kernel time from the kernel timeline (`gpu_seconds`): the host's time for an operator there
-    is dispatch and launch, and ranked by it an `.item()` or a cast looked like the GPU's work."""
+               gpu_seconds: dict[tuple[str, bool], float]) -> tuple[list[Operator], float | None, float | None]:
+    """The operators ranked by what they cost a step; the share of the model's operator time in memory-bound ones;
+    and the share of all operator time in the optimizer step's. On CUDA the cost is each operator's kernel time from
+    the kernel timeline (`gpu_seconds`, by name and whether it ran in the optimizer's step): the host's time for an
+    operator there is dispatch and launch, and ranked by it an `.item()` or a cast looked like the GPU's work. The
+    optimizer's operators are kept apart from the model's: an unfused AdamW's foreach kernels moved more bytes than
+    the model's matmuls, and counted with the model they made a step "memory-bound" and offered torch.compile(model)
+    where the cure is a fused optimizer."""
     if totals is None:
-        return [], None
+        return [], None, None
     ridge = ceiling.ridge_point if ceiling else None
     found = []
-    for name, count in totals.operators.items():
-        if not count.bytes and not count.flops:
-            continue  # views and metadata: nothing computed, nothing moved
-        intensity = count.flops / count.bytes if count.bytes else None
-        bound = None if ridge is None or intensity is None else ("compute" if intensity >= ridge else "memory")
-        if ridge is not None and count.bytes and not count.flops:
-            # No FLOPs counted: an elementwise operator, a norm or a copy only moves data; a recurrent layer's
-            # kernel multiplies matrices torch cannot price, so how it is bound is unknown.
-            bound = None if _UNPRICED_COMPUTE.search(name) else "memory"
-        found.append(Operator(name=name, calls=count.calls, seconds=count.seconds, flops=count.flops,
-                              bytes=count.bytes, bound=bound,
-                              gpu_seconds=gpu_seconds.get(name, 0.0) if gpu_seconds else None))
+    for optimizer, operators in ((False, totals.operators), (True, totals.optimizer_operators)):
+        for name, count in operators.items():
+            if not count.bytes and not count.flops:
+                continue  # views and metadata: nothing computed, nothing moved
+            intensity = count.flops / count.bytes if count.bytes else None
+            bound = None if ridge is None or intensity is None else ("compute" if intensity >= ridge else "memory")
+            if ridge is not None and count.bytes and not count.flops:
+                # No FLOPs counted: an elementwise operator, a norm or a copy only moves data; a recurrent layer's
+                # kernel multiplies matrices torch cannot price, so how it is bound is unknown.
+                bound = None if _UNPRICED_COMPUTE.search(name) else "memory"
+            found.append(Operator(name=name, calls=count.calls, seconds=count.seconds, flops=count.flops,
+                                  bytes=count.bytes, bound=bound, optimizer=optimizer,
+                                  gpu_seconds=gpu_seconds.get((name, optimizer), 0.0) if gpu_seconds else None))
     found.sort(key=lambda op: -op.time)
     total = sum(op.time for op in found)
-    memory = sum(op.time for op in found if op.bound == "memory")
-    return found[:TOP_OPERATORS], (memory / total if total and ridge is not None else None)
+    model = sum(op.time for op in found if not op.optimizer)
+    memory = sum(op.time for op in found if op.bound == "memory" and not op.optimizer)
+    optimizer_time = total - model
+    return (found[:TOP_OPERATORS], (memory / model if model and ridge is not None else None),
+            (optimizer_time / total if total and totals.optimizer_operators else None))
 
 
 # Operators that multiply matrices but have no formula in torch.utils.flop_counter: the recurrent layers' fused

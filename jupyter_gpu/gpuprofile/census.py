@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpu.probekit.kernel_trace import operator_key
+
 # Operators that only read metadata or make views: no data moves, nothing to time.
 _METADATA = {"size", "stride", "storage_offset", "numel", "dim", "is_contiguous", "sym_size", "sym_stride",
              "sym_numel", "sym_storage_offset", "is_strides_like_format", "is_non_overlapping_and_dense", "layout",
@@ -29,20 +31,27 @@ class OperatorCount:
 
 @dataclass
 class CensusTotals:
-    operators: dict[str, OperatorCount]
+    operators: dict[str, OperatorCount]  # the model's: forward, loss, backward
     flops_by_dtype: dict[str, int]  # FLOPs of the matmul family per input dtype ("torch.bfloat16", ...)
     # FLOPs activation checkpointing (torch.utils.checkpoint, non-reentrant) recomputed in the backward: counted in
     # `flops`, as work the device did, but not the model's own.
     recomputed_flops: int = 0
+    # Those that ran inside an optimizer's step, apart: AdamW's foreach kernels move every parameter and its two
+    # moments each step, and their memory traffic is cured by a fused optimizer, not by compiling the model.
+    optimizer_operators: dict[str, OperatorCount] = field(default_factory=dict)
 
     @property
     def flops(self) -> int:
-        return sum(count.flops for count in self.operators.values())
+        return sum(count.flops for count in (*self.operators.values(), *self.optimizer_operators.values()))
+
+    def names(self) -> set[str]:
+        return {*self.operators, *self.optimizer_operators}
 
 
-def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> Any:
+def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True, in_optimizer: Any = lambda: False) -> Any:
     """A dispatch mode that counts every operator it sees while `counting()` (not while the DataLoader collates a
-    batch: that is the input pipeline, not the model); `totals()` once it has exited."""
+    batch: that is the input pipeline, not the model), those seen while `in_optimizer()` apart; `totals()` once it
+    has exited. Operators are named as the kernel trace names them (`kernel_trace.operator_key`)."""
     from torch._ops import HigherOrderOperator
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
@@ -57,6 +66,7 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
         def __init__(self) -> None:
             super().__init__()
             self.counts: dict[str, OperatorCount] = {}
+            self.optimizer_counts: dict[str, OperatorCount] = {}
             self.flops_by_dtype: dict[str, int] = {}
             self.recomputed_flops = 0
 
@@ -65,8 +75,8 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
             if isinstance(func, HigherOrderOperator):
                 return func(*args, **kwargs)
             packet = func._overloadpacket
-            name = packet.__name__
-            if name in _METADATA or not counting():
+            name = operator_key(getattr(packet, "_qualified_op_name", packet.__name__))
+            if packet.__name__ in _METADATA or not counting():
                 return func(*args, **kwargs)
             if packet not in formulas:
                 # Under torch.inference_mode a composite operator (linear, batch_norm, dropout) reaches the mode
@@ -87,7 +97,8 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
                 began = time.perf_counter()
                 out = func(*args, **kwargs)
                 elapsed = time.perf_counter() - began
-            count = self.counts.setdefault(name, OperatorCount())
+            counts = self.optimizer_counts if in_optimizer() else self.counts
+            count = counts.setdefault(name, OperatorCount())
             count.calls += 1
             if elapsed is None:
                 count.pending.append((start, end))
@@ -109,11 +120,11 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True) -> 
             return out
 
         def totals(self) -> CensusTotals:
-            for count in self.counts.values():
+            for count in (*self.counts.values(), *self.optimizer_counts.values()):
                 for start, end in count.pending:
                     count.seconds += start.elapsed_time(end) / 1000.0
                 count.pending.clear()
-            return CensusTotals(self.counts, self.flops_by_dtype, self.recomputed_flops)
+            return CensusTotals(self.counts, self.flops_by_dtype, self.recomputed_flops, self.optimizer_counts)
 
     return OperatorCensus()
 

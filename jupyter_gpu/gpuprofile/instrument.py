@@ -51,7 +51,13 @@ from jupyter_gpu.gpuprofile.result import (
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.batch_structure import first_dimension
-from jupyter_gpu.probekit.kernel_trace import GpuEvent, gpu_events, operator_device_seconds
+from jupyter_gpu.probekit.kernel_trace import (
+    GpuEvent,
+    gpu_events,
+    keep_cupti_for_graphs,
+    mark_step,
+    operator_device_seconds,
+)
 from jupyter_gpu.probekit.library_code import library_code_prefixes
 from jupyter_gpu.probekit.training_state import compiled_how, named_values
 
@@ -128,7 +134,8 @@ class Instruments:
         self.kineto: Any = None
         self.timeline_steps_left = 0
         self.kernel_events: list[GpuEvent] = []
-        self.operator_gpu_seconds: dict[str, float] = {}  # aten operator -> its kernels' seconds per traced step
+        # (census name, inside an optimizer's step) -> its kernels' seconds per traced step
+        self.operator_gpu_seconds: dict[tuple[str, bool], float] = {}
         self.kernel_window: tuple[float, float] = (0.0, 0.0)
         self.kernel_steps = 0
         self.timeline_error: str | None = None
@@ -208,6 +215,7 @@ class Instruments:
                 self.stop_pending = True
             return
         if self.kineto is not None:
+            mark_step(self.torch)
             self.timeline_steps_left -= 1
             if self.timeline_steps_left <= 0:
                 self._end_kernel_timeline()
@@ -248,10 +256,11 @@ class Instruments:
         """A few more steps under torch.profiler (CUDA activity): the kernel timeline. Any failure is reported as
         what was not measured, never as the profile's failure."""
         try:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.kineto = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            activity = self.torch.profiler.ProfilerActivity
+            keep_cupti_for_graphs(self.torch)
+            self.kineto = self.torch.profiler.profile(activities=[activity.CPU, activity.CUDA])
             self.kineto.__enter__()
+            mark_step(self.torch)  # the timeline covers the steps between marks: a cell that ends mid-trace
             self.timeline_steps_left = TIMELINE_STEPS
         except Exception as exc:  # a profiler that cannot start here (CUPTI missing): said, not raised
             self.kineto, self.stop_pending = None, True
@@ -261,9 +270,12 @@ class Instruments:
         profiler, self.kineto = self.kineto, None
         try:
             profiler.__exit__(None, None, None)
-            self.kernel_events, self.kernel_window = gpu_events(self.torch, profiler)
-            self.kernel_steps = TIMELINE_STEPS - max(self.timeline_steps_left, 0)
-            self.operator_gpu_seconds = operator_device_seconds(profiler, self.kernel_steps)
+            trace = gpu_events(self.torch, profiler)
+            self.kernel_events, self.kernel_window = trace.events, trace.window
+            self.kernel_steps = trace.steps if trace.steps is not None else \
+                TIMELINE_STEPS - max(self.timeline_steps_left, 0)
+            counted = self.census_totals.names() if self.census_totals is not None else set()
+            self.operator_gpu_seconds = operator_device_seconds(profiler, self.kernel_steps, counted)
         except Exception as exc:  # a trace torch could not give back: said, not raised
             self.timeline_error = f"the kernel trace could not be read ({type(exc).__name__}: {exc})"
 
@@ -271,7 +283,8 @@ class Instruments:
         from jupyter_gpu.gpuprofile.census import make_census
 
         self.census = make_census(self.torch, cuda_timing=cuda_initialized(self.torch),
-                                  counting=lambda: self.timeline.top() != DATA)
+                                  counting=lambda: self.timeline.top() != DATA,
+                                  in_optimizer=lambda: self.timeline.inside(OPTIMIZER))
         self.census.__enter__()
 
     def _end_census(self) -> None:

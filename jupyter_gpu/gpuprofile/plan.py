@@ -29,6 +29,7 @@ COPY_SHARE = 0.02
 GC_SHARE = 0.02
 OTHER_SHARE = 0.10
 MEMORY_BOUND_SHARE = 0.30
+OPTIMIZER_SHARE = 0.30  # the optimizer step's kernels, of all operator time: its own item, with its own fix
 SMALL_MEMORY_SHARE = 0.5
 
 
@@ -99,13 +100,23 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
     # Models already compiled are not told to compile; when every model the loop called is, fusion is done.
     if (result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute
             and not result.all_models_compiled):
-        add("memory-bound operators (fusion candidates)", compute * result.memory_bound_share,
+        # The share is of the model's own operator time; the optimizer's part of the compute is not the model's.
+        model_share = 1.0 - (result.optimizer_share or 0.0)
+        add("memory-bound operators (fusion candidates)", compute * model_share * result.memory_bound_share,
             f"{compile_lines(result.uncompiled_models)}  "
             f"(or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
-            f"{result.memory_bound_share:.0%} of operator time in operators below the ridge point")
+            f"{result.memory_bound_share:.0%} of the model's operator time in operators below the ridge point")
+    if (result.optimizer_share is not None and result.optimizer_share >= OPTIMIZER_SHARE and compute
+            and not result.optimizer_fused):
+        add("the optimizer's step (an unfused optimizer: one pass over every parameter and its state per operation)",
+            compute * result.optimizer_share,
+            f"{_command(result, '%speedprobe', '%speedprobe STEP')} --try fused-optimizer  (or pass fused=True "
+            "where the optimizer is made)",
+            f"{result.optimizer_share:.0%} of operator time in the optimizer's own kernels, not the model's: a "
+            "fused optimizer updates each parameter in one kernel; compiling the model does not touch them")
     timeline = result.gpu_timeline
     if timeline is not None and timeline.launch_bound:
-        add("launch-bound: the GPU waits between many short kernels", timeline.host_wait + timeline.kernel_wait,
+        add("launch-bound: the GPU waits between many short kernels", timeline.launch_wait + timeline.kernel_wait,
             f"{compile_lines(result.models, 'compile-reduce-overhead')}  (fusion and CUDA graphs)",
             f"{timeline.kernels_per_step:.0f} kernels per step, median {format_seconds(timeline.median_kernel)}, "
             f"GPU busy {timeline.busy:.0%}")

@@ -174,7 +174,9 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
             "per step there: it slows the host, not the kernels)")
         rows.append(("GPU timeline", f"busy {timeline.busy:.0%} of a typical step, "
                                      f"{format_seconds(timeline.kernel_seconds)} of kernels per step; idle per step: "
-                                     f"{format_seconds(timeline.host_wait)} waiting for the host, "
+                                     f"{format_seconds(timeline.host_wait)} waiting for the host "
+                                     f"({format_seconds(timeline.launch_wait)} of it between back-to-back launches, "
+                                     f"{format_seconds(timeline.outside_launches)} while it did other work), "
                                      f"{format_seconds(timeline.kernel_wait)} between kernels, "
                                      f"{format_seconds(timeline.other_wait)} other; {timeline.kernels_per_step:.0f} "
                                      f"kernels per step, median {format_seconds(timeline.median_kernel)}{traced}"))
@@ -231,7 +233,7 @@ def _operator_rows(result: ProfileResult) -> list[tuple[str, ...]]:
         OPERATOR_HEADINGS[0], OPERATOR_HEADINGS[1], "GPU time/step", *OPERATOR_HEADINGS[3:])
     rows: list[tuple[str, ...]] = [headings]
     for op in result.operators:
-        rows.append((op.name, format_count(op.calls), format_seconds(op.time), f"{op.flops / 1e9:.3g}",
+        rows.append((op.label, format_count(op.calls), format_seconds(op.time), f"{op.flops / 1e9:.3g}",
                      f"{op.bytes / 1e6:.3g}", f"{op.intensity:.3g}" if op.intensity is not None else "",
                      op.bound or "?"))
     return rows

@@ -126,6 +126,11 @@ class Operator:
     # CUDA: its kernels' time per step in the kernel timeline's steps (torch.profiler); None where there is none.
     # `seconds` is then the host's time dispatching and launching it, not what it costs the GPU.
     gpu_seconds: float | None = None
+    optimizer: bool = False  # its calls ran inside an optimizer's step (the update), not the model's forward/backward
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (optimizer)" if self.optimizer else self.name
 
     @property
     def time(self) -> float:
@@ -305,7 +310,9 @@ class ProfileResult(RichResult):
     compute: str = "fp32"                        # the format the step's matmuls ran in
     ceiling: Ceiling | None = None
     operators: list[Operator] = field(default_factory=list)
-    memory_bound_share: float | None = None      # share of the census step's operator time in memory-bound ops
+    memory_bound_share: float | None = None      # share of the model's operator time in memory-bound ops
+    optimizer_share: float | None = None         # share of all operator time in the optimizer step's operators
+    optimizer_fused: bool = False                # the optimizer's step ran fused kernels (_fused_adamw_, ...)
     plan: list[PlanItem] = field(default_factory=list)
     ready_steps: list[ReadyStep] = field(default_factory=list)
     gpu_busy: float | None = None                # share of the timeline steps the GPU ran kernels (CUDA only)

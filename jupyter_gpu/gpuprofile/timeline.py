@@ -78,6 +78,10 @@ class Timeline:
     def top(self) -> str | None:
         return self._stack[-1][0] if self._stack else None
 
+    def inside(self, bucket: str) -> bool:
+        """Whether `bucket` is open at any depth (a read inside the optimizer's step is still the optimizer's)."""
+        return any(entry[0] == bucket for entry in self._stack)
+
     @property
     def depth(self) -> int:
         return len(self._stack)

@@ -3,26 +3,58 @@ how long they run, and each operator's kernel time; read from a torch.profiler t
 `operator_device_seconds`, `trace_kernels`) and analysed in plain Python (the events as seconds on one clock).
 `%%gpuprofile` traces a few steps of the loop; `%speedprobe` one call of its step, to tell a launch-bound step.
 
+What counts as the device's work: kernels, memcpys and memsets. Not the GPU user-annotation spans kineto draws for
+every `record_function` (`Optimizer.step#...`, the DataLoader's `__next__`, DDP's forward, the user's own) from its
+first kernel's start to its last kernel's end: they come back CUDA-typed beside the kernels, and counted as work
+they filled every host gap inside an optimizer step (torch leaves them out of its own device totals too:
+`not evt.is_user_annotation`, pytorch#130730). Not the CUDA-typed synchronisation records either.
+
 Idle time is split as Holistic Trace Analysis splits it (`_analyze_idle_time_for_stream`), per stream: the gap before
 a kernel is **host wait** when the CPU had not yet started launching it when the stream's previous kernel ended (the
 host could not keep up), else **kernel wait** when the gap is under 30 µs (launch overhead between consecutive
-kernels: CUDA graphs remove it), else **other** (waits between streams, events). Busy time is the union of every
-kernel on the device, so two streams running at once count once.
+kernels: CUDA graphs remove it), else **other** (waits between streams, events). Host wait is split once more, by
+what the host did: where it launched the kernel within `LAUNCH_SPACING` of launching the one before, it was busy
+launching (**launch wait**: dispatch and launch overhead, which fusion and CUDA graphs remove); a longer stretch
+between two launches is host time outside the launches (making batches, augmenting on the CPU, metrics), which
+CUDA graphs do not touch. A step is launch-bound only by the first kind. Busy time is the union of every kernel on
+the device, so two streams running at once count once.
 
 The trace is taken under torch.profiler, which records every operator on the host and so slows the host, not the
 kernels: on the H200 a ResNet step of 12.3 ms took about 40 ms traced, and the GPU waited 30 ms of it. So the
 timeline the report shows is the trace's kernels set against a typical unprofiled step (`at_step`): busy is the
 kernels' time per step over that step, and the rest of the step is idle, split as the trace split its idle time.
+
+Step boundaries are marked in the trace (`mark_step`, a zero-length `record_function`), and the timeline covers the
+completed steps only: a cell that ends while the trace runs (a validation loop after the last training step) leaves
+an unfinished tail, and that tail divided by the completed steps had inflated every figure per step.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 KERNEL_WAIT_SECONDS = 30e-6  # HTA's consecutive_kernel_delay (30, in its trace's microseconds)
+# Two launches closer than this on the host were launched back to back: an eager operator's dispatch and launch take
+# a few to tens of µs, more under torch.profiler's host recording (on the H200 a transformer's 860 kernels came
+# 62 µs apart in a 53 ms traced step). A longer stretch between two launches is host work outside them: a
+# DataLoader's next(), a CPU augmentation, a metric computed on the host take milliseconds.
+LAUNCH_SPACING = 200e-6
+# A launch-bound step: at least this many kernels (fewer, and one big kernel's gap says little), a median kernel
+# shorter than a launch's host cost, and the GPU idle most of the step, more of that between back-to-back launches
+# than outside them. %%gpuprofile's plan and %speedprobe's verdict both read `GpuTimeline.launch_bound`.
+LAUNCH_BOUND_MIN_KERNELS = 20
+LAUNCH_BOUND_MEDIAN_KERNEL = 20e-6
+LAUNCH_BOUND_BUSY = 0.5  # the TensorBoard profiler's "GPU busy < 50%"
+# The name of the zero-length host span that marks a step boundary in a trace.
+STEP_MARK = "jupyter_gpu::step_boundary"
+# kineto's activity types for the device's work, and what is not work.
+_WORK = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_NOT_WORK = {"gpu_user_annotation", "cuda_sync", "gpu_sync"}
+# torch's record_function name for an optimizer's step: `Optimizer.step#{class}.step` (torch/optim/optimizer.py).
+OPTIMIZER_SPAN = "Optimizer.step#"
 
 
 @dataclass(frozen=True)
@@ -31,6 +63,17 @@ class GpuEvent:
     end: float
     stream: int
     launched: float | None  # when the CPU started the runtime call that queued it; None when not linked
+    kind: str = "kernel"     # "kernel", "memcpy" or "memset"
+
+
+@dataclass(frozen=True)
+class KernelTrace:
+    """The device's work in a trace, the window it is judged over, and the completed steps in that window (None
+    where the trace has no step marks: the caller's own count applies)."""
+
+    events: list[GpuEvent]
+    window: tuple[float, float]
+    steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +87,7 @@ class GpuTimeline:
     kernels_per_step: float
     median_kernel: float    # seconds
     traced_step: float | None = None  # seconds per step under torch.profiler, once set against an unprofiled step
+    launch_wait: float = 0.0  # the part of host_wait between back-to-back launches (per step)
 
     @property
     def kernel_seconds(self) -> float:
@@ -51,9 +95,16 @@ class GpuTimeline:
         return self.busy * self.window / self.steps
 
     @property
+    def outside_launches(self) -> float:
+        """Seconds per step the GPU waited while the host did something other than launching."""
+        return max(0.0, self.host_wait - self.launch_wait)
+
+    @property
     def launch_bound(self) -> bool:
-        """Many short kernels and the GPU mostly idle, waiting for the host or between launches."""
-        return self.busy < 0.5 and self.median_kernel < 20e-6 and self.kernels_per_step >= 100
+        """Many short kernels and the GPU mostly idle, waiting between launches rather than for host work outside
+        them (a step that makes its own batches or augments on the CPU is host-bound, not launch-bound)."""
+        return (self.kernels_per_step >= LAUNCH_BOUND_MIN_KERNELS and self.median_kernel < LAUNCH_BOUND_MEDIAN_KERNEL
+                and self.busy < LAUNCH_BOUND_BUSY and self.launch_wait + self.kernel_wait > self.outside_launches)
 
     def at_step(self, step: float) -> GpuTimeline:
         """This timeline as an unprofiled step of `step` seconds sees it: the same kernels, the rest of the step
@@ -67,7 +118,7 @@ class GpuTimeline:
         return replace(self, window=step * self.steps, busy=kernels / step, host_wait=share(self.host_wait),
                        kernel_wait=share(self.kernel_wait),
                        other_wait=share(self.other_wait) if waits > 0 else idle,
-                       traced_step=self.window / self.steps)
+                       launch_wait=share(self.launch_wait), traced_step=self.window / self.steps)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "launch_bound": self.launch_bound}
@@ -83,71 +134,159 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
         if end > start:
             busy += end - start
         covered = max(covered, event.end)
-    waits = {"host": 0.0, "kernel": 0.0, "other": 0.0}
+    waits = {"host": 0.0, "launch": 0.0, "kernel": 0.0, "other": 0.0}
     for stream in {e.stream for e in events}:
-        previous_end = None
+        previous: GpuEvent | None = None
+        previous_end = 0.0
         for event in (e for e in ordered if e.stream == stream):
-            if previous_end is not None and event.start > previous_end:
+            if previous is not None and event.start > previous_end:
                 gap = event.start - previous_end
                 if event.launched is not None and event.launched > previous_end:
                     waits["host"] += gap
+                    if previous.launched is not None and event.launched - previous.launched <= LAUNCH_SPACING:
+                        waits["launch"] += gap
                 elif gap < KERNEL_WAIT_SECONDS:
                     waits["kernel"] += gap
                 else:
                     waits["other"] += gap
-            previous_end = event.end if previous_end is None else max(previous_end, event.end)
+            previous_end = event.end if previous is None else max(previous_end, event.end)
+            previous = event
     length = window[1] - window[0]
     return GpuTimeline(steps=steps, window=length, busy=busy / length, host_wait=waits["host"] / steps,
                        kernel_wait=waits["kernel"] / steps, other_wait=waits["other"] / steps,
                        kernels_per_step=len(events) / steps,
-                       median_kernel=statistics.median(e.end - e.start for e in events))
+                       median_kernel=statistics.median(e.end - e.start for e in events),
+                       launch_wait=waits["launch"] / steps)
 
 
-def gpu_events(torch: Any, profiler: Any) -> tuple[list[GpuEvent], tuple[float, float]]:
-    """The GPU events of a finished torch.profiler run, each with when the CPU started the runtime call that queued
-    it (linked by correlation id), in seconds; and the window the trace covers."""
+# CUDA builds before this one crash on a trace that follows a CUDA graph capture in the same process, once CUPTI was
+# torn down and lazily re-initialised (torch/profiler/profiler.py's FIXME). torch applies its workaround only when
+# inductor's global `triton.cudagraphs` is set, not for `torch.compile(mode="reduce-overhead")`, which captures
+# graphs through per-call options: %speedprobe's reduce-overhead trial, or the user's own compiled model.
+CUPTI_REINIT_SAFE_CUDA = (12, 6)
+
+
+def keep_cupti_for_graphs(torch: Any) -> bool:
+    """Before a trace: on a CUDA build older than 12.6, torch's own workaround (CUPTI neither lazily re-initialised
+    nor torn down), whatever inductor's config says, so that no trace follows a graph capture unprotected. Returns
+    whether it applied it. Set only where unset: a user's own choice stands."""
+    import os
+
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    try:
+        parsed = tuple(int(part) for part in str(version).split(".")[:2])
+    except ValueError:
+        return False
+    if version is None or parsed >= CUPTI_REINIT_SAFE_CUDA:
+        return False
+    os.environ.setdefault("DISABLE_CUPTI_LAZY_REINIT", "1")
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
+    return True
+
+
+def mark_step(torch: Any) -> None:
+    """Marks a step boundary in the running trace: a zero-length host span that launches nothing."""
+    with torch.profiler.record_function(STEP_MARK):
+        pass
+
+
+def _is_annotation(event: Any) -> bool:
+    user = getattr(event, "is_user_annotation", None)
+    return bool(user()) if callable(user) else False
+
+
+def gpu_events(torch: Any, profiler: Any) -> KernelTrace:
+    """The device's work in a finished torch.profiler run (kernels, memcpys, memsets; not annotation spans nor sync
+    records), each with when the CPU started the runtime call that queued it (linked by correlation id), in seconds
+    from the trace's first event (kineto's clock is nanoseconds since the epoch: about 1.8e18, where a float's
+    seconds keep only about 0.2 µs, the length of a short kernel's rounding); and the window it is judged over:
+    between the first and the last step mark where the trace has two or more (the work launched after the last
+    mark is an unfinished step's, left out), else the whole trace."""
     events = profiler.profiler.kineto_results.events()
+    if not events:
+        return KernelTrace([], (0.0, 0.0))
+    origin = min(e.start_ns() for e in events)
+
+    def seconds(ns: int) -> float:
+        return (ns - origin) / 1e9
+
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
     launches = {e.correlation_id(): e.start_ns() for e in events
                 if e.device_type() == cpu and e.correlation_id() and e.name().startswith(("cuda", "cu"))}
+    marks = sorted(e.start_ns() for e in events if e.device_type() == cpu and e.name() == STEP_MARK)
     found = []
     for event in events:
-        if event.device_type() != cuda or "Sync" in event.name():
+        if event.device_type() != cuda or _is_annotation(event) or "Sync" in event.name():
+            continue
+        activity = str(event.activity_type()) if hasattr(event, "activity_type") else "kernel"
+        if activity in _NOT_WORK:
             continue
         launched = launches.get(event.correlation_id()) or launches.get(event.linked_correlation_id())
-        found.append(GpuEvent(start=event.start_ns() / 1e9, end=event.end_ns() / 1e9,
+        if len(marks) >= 2 and (launched if launched else event.start_ns()) > marks[-1]:
+            continue  # an unfinished step's
+        found.append(GpuEvent(start=seconds(event.start_ns()), end=seconds(event.end_ns()),
                               stream=int(event.device_resource_id()),
-                              launched=launched / 1e9 if launched else None))
-    starts = [e.start_ns() for e in events]
-    ends = [e.end_ns() for e in events]
-    return found, ((min(starts) / 1e9, max(ends) / 1e9) if events else (0.0, 0.0))
+                              launched=seconds(launched) if launched else None,
+                              kind=_WORK.get(activity, "kernel")))
+    if len(marks) >= 2:
+        end = max([seconds(marks[-1]), *(e.end for e in found)])
+        return KernelTrace(found, (seconds(marks[0]), end), steps=len(marks) - 1)
+    return KernelTrace(found, (0.0, seconds(max(e.end_ns() for e in events))))
 
 
-def operator_device_seconds(profiler: Any, steps: int) -> dict[str, float]:
-    """Each aten operator's kernel time per step in a finished torch.profiler run, by the name the operator census
-    uses ("mm", "convolution_backward"). The census sees the outermost operators below autograd, so each gets its
-    inclusive time: `convolution`'s kernels are launched by `cudnn_convolution`, called inside it."""
+def operator_key(qualified: str) -> str:
+    """The name the operator census and the operator table use: aten's operators by their bare name ("mm"), those
+    of any other namespace with it ("flash_attn::fwd", "torchvision::nms"), as their kernels are told apart."""
+    return qualified.removeprefix("aten::")
+
+
+def operator_device_seconds(profiler: Any, steps: int, counted: Collection[str]) -> dict[tuple[str, bool], float]:
+    """Each counted operator's kernel time per step in a finished torch.profiler run, keyed by its census name and
+    whether it ran inside an optimizer's step (torch's `Optimizer.step#...` span). `counted`: the names the census
+    counted. torch's device time is inclusive, and the census sees each call once at the outermost operator below
+    autograd: `convolution` (whose kernels `cudnn_convolution` and the bias `add_` launch), `_to_copy` (its
+    `copy_`), `zeros` (its `fill_`). So each kernel goes to the outermost counted operator above it, and a nested
+    call is not counted again under its own name. Only the completed steps between the trace's step marks count."""
     if steps < 1:
         return {}
-    found: dict[str, float] = {}
-    for average in profiler.key_averages():
-        name = str(average.key)
-        if name.startswith("aten::"):
-            micros = getattr(average, "device_time_total", None)
-            if micros is None:  # torch before 2.4 named it for CUDA
-                micros = getattr(average, "cuda_time_total", 0.0)
-            found[name.removeprefix("aten::")] = float(micros) / 1e6 / steps
+    events = list(profiler.events())
+    marks = sorted(e.time_range.start for e in events if e.name == STEP_MARK)
+    last = marks[-1] if len(marks) >= 2 else None
+    found: dict[tuple[str, bool], float] = {}
+
+    def walk(event: Any, in_optimizer: bool) -> None:
+        if last is not None and event.time_range.start > last:
+            return
+        if event.is_user_annotation:
+            in_optimizer = in_optimizer or event.name.startswith(OPTIMIZER_SPAN)
+        else:
+            name = operator_key(event.name)
+            if name in counted:
+                micros = getattr(event, "device_time_total", None)
+                if micros is None:  # torch before 2.4 named it for CUDA
+                    micros = getattr(event, "cuda_time_total", 0.0)
+                key = (name, in_optimizer)
+                found[key] = found.get(key, 0.0) + float(micros) / 1e6 / steps
+                return
+        for child in event.cpu_children:
+            walk(child, in_optimizer)
+
+    for event in events:
+        if event.cpu_parent is None and getattr(event.device_type, "name", "") == "CPU":
+            walk(event, False)
     return found
 
 
 def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> GpuTimeline | None:
     """`run()` called `steps` times under torch.profiler (CPU and CUDA activity): its kernel timeline. CUDA must be
     initialised already; the caller puts back what `run` changed."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
+    activity = torch.profiler.ProfilerActivity
+    keep_cupti_for_graphs(torch)
+    with torch.profiler.profile(activities=[activity.CPU, activity.CUDA]) as traced:
+        mark_step(torch)
         for _ in range(steps):
             run()
+            mark_step(torch)
         torch.cuda.synchronize()
-    events, window = gpu_events(torch, traced)
-    return analyse(events, steps, window)
+    trace = gpu_events(torch, traced)
+    return analyse(trace.events, trace.steps or steps, trace.window)

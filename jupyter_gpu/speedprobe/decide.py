@@ -71,9 +71,6 @@ GPU_LAUNCH_BOUND_SECONDS_PER_OP = 20e-6
 CPU_OVERHEAD_BOUND_SECONDS_PER_OP = 10e-6
 # Fewer operators than this and the per-op time says little (one big matmul is not "launch-bound").
 MIN_OPS_FOR_LAUNCH_VERDICT = 20
-# Where a kernel trace measured it: a GPU that runs kernels for less than half of the step waits on the host (the
-# same line %%gpuprofile's timeline draws, and the TensorBoard profiler's "GPU busy < 50%").
-LAUNCH_BOUND_GPU_BUSY = 0.5
 
 
 def tolerance(format_name: str, sensitivity: float | None, repeat_noise: float | None,
@@ -240,14 +237,16 @@ def choose_best(singles: Sequence[OptionTrial], combination: OptionTrial | None)
     return max(candidates, key=lambda trial: trial.speedup or 0.0, default=None)
 
 
-def launch_bound(device_type: str, ops: int, step_seconds: float, gpu_busy: float | None = None) -> bool:
-    """Whether the step's time is per-operator overhead: many operators, and the GPU idle most of the step
-    (`gpu_busy`, measured from a kernel trace) or, where no trace was taken, each operator taking about a launch's
-    time. The trace decides where it exists: on the H200's slower host a tiny MLP took 32 µs an operator, over
-    the fixed 20 µs, with its GPU idle most of the step."""
+def launch_bound(device_type: str, ops: int, step_seconds: float, traced: bool | None = None) -> bool:
+    """Whether the step's time is per-operator overhead. Where a kernel trace was taken, its verdict decides
+    (`traced`: `GpuTimeline.launch_bound`, the one rule %%gpuprofile's plan uses too: many short kernels, the GPU idle
+    most of the step, between back-to-back launches rather than while the host does other work); on the H200's
+    slower host a tiny MLP took 32 µs an operator, over the fixed 20 µs, with its GPU idle most of the step, and a
+    step that makes its own batches leaves the GPU idle without being launch-bound. Without a trace: many operators,
+    each taking about a launch's time."""
     if ops < MIN_OPS_FOR_LAUNCH_VERDICT or step_seconds <= 0:
         return False
-    if gpu_busy is not None:
-        return gpu_busy < LAUNCH_BOUND_GPU_BUSY
+    if traced is not None:
+        return traced
     limit = GPU_LAUNCH_BOUND_SECONDS_PER_OP if device_type != "cpu" else CPU_OVERHEAD_BOUND_SECONDS_PER_OP
     return step_seconds / ops <= limit

@@ -451,6 +451,7 @@ class _Probe:
         printed = self.runner.output.note(self.step_name)
         if printed is not None:
             notes.append(printed)
+        notes += self.runner.output.warning_notes()
         return SpeedProbeResult(
             step_name=self.step_name, device=str(self.setting.device),
             batch_size=run.batch_size if run is not None else None,
@@ -468,7 +469,8 @@ class _Probe:
         timeline = self.timeline.at_step(baseline.seconds) if self.timeline is not None else None
         busy = timeline.busy if timeline is not None else None
         return LaunchProfile(device=str(self.setting.device), ops=ops, step_seconds=baseline.seconds,
-                             launch_bound=decide.launch_bound(device_type, ops, baseline.seconds, busy),
+                             launch_bound=decide.launch_bound(device_type, ops, baseline.seconds,
+                                                              timeline.launch_bound if timeline is not None else None),
                              gpu_busy=busy, kernels=timeline.kernels_per_step if timeline is not None else None)
 
     def _trace(self) -> None:
