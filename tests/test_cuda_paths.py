@@ -130,3 +130,37 @@ def test_the_batch_probe_never_calls_is_available_in_a_kernel_without_cuda() -> 
     fake_torch = SimpleNamespace(cuda=cuda, device=torch.device, Tensor=torch.Tensor)
     budget = _budget_for(fake_torch, 1 << 30, None)
     assert budget.device == "cpu" and not cuda.initialized
+
+
+def test_an_event_rerecorded_on_another_devices_stream_fails_as_cudas_does_and_record_event_never_does_it() -> None:
+    cuda = four_gpus()
+    event = cuda.Event(enable_timing=True)
+    event.record()  # the current device's stream: cuda:0
+    cuda.set_device(1)
+    with pytest.raises(RuntimeError, match="Event device 0 does not match recording stream's device 1"):
+        event.record()
+    # The probes' own events name their device's stream: a cell that switches device between the two is timed.
+    start = record_event(on(cuda), 0)
+    cuda.launch(2.0, device=0)
+    end = record_event(on(cuda), 0)
+    end.synchronize()
+    assert start.elapsed_time(end) == pytest.approx(2.0)
+
+
+def test_reading_an_event_pair_before_the_end_completed_is_not_ready_and_the_device_clock_waits_first() -> None:
+    cuda = four_gpus()
+    start = record_event(on(cuda), 0)
+    cuda.launch(4.0)
+    end = record_event(on(cuda), 0)
+    with pytest.raises(RuntimeError, match="device not ready"):
+        start.elapsed_time(end)
+    _, gpu = DeviceClock(on(cuda)).time(lambda: cuda.launch(4.0))
+    assert gpu == pytest.approx(0.004)
+
+
+def test_current_stream_starts_cuda_as_the_real_one_does_so_the_clock_never_asks_for_it_first() -> None:
+    cuda = FakeCuda(initialized=False)
+    DeviceClock(on(cuda)).time(lambda: None)
+    assert not cuda.initialized
+    cuda.current_stream()
+    assert cuda.initialized
