@@ -239,6 +239,11 @@ def _operator_rows(result: ProfileResult) -> list[tuple[str, ...]]:
     return rows
 
 
+def _whose(result: ProfileResult) -> str:
+    """Whose operator time the memory-bound share is of: the model's, where the optimizer's is kept apart."""
+    return "the model's " if result.optimizer_share is not None else ""
+
+
 def _operators_title(result: ProfileResult) -> str:
     if _on_gpu_time(result):
         return ("Top operators by their kernels' time per step (the kernel timeline's steps; calls, FLOPs and bytes "
@@ -279,7 +284,7 @@ def render_text(result: ProfileResult) -> str:
         why = ("the models the loop called are already compiled" if result.all_models_compiled
                else "candidates for torch.compile")
         share = "" if result.memory_bound_share is None else \
-            f"; {result.memory_bound_share:.0%} of operator time is memory-bound ({why})"
+            f"; {result.memory_bound_share:.0%} of {_whose(result)}operator time is memory-bound ({why})"
         lines += ["", f"{_operators_title(result)}{share}:"]
         rows = _operator_rows(result)
         lines += table_text(rows, rows[0][1:6])

@@ -105,6 +105,9 @@ def test_a_step_under_its_own_autocast_skips_the_amp_options(ip: InteractiveShel
 def test_an_autocast_that_does_not_reach_the_model_does_not_count(ip: InteractiveShell) -> None:
     # autocast("cuda") around a CPU model changes nothing: the operators still run in float32, so AMP is tried.
     ip.run_cell(OWN_AUTOCAST_STEP.format(device="cuda", dtype="bfloat16"))
-    with pytest.warns(UserWarning):  # CUDA autocast on a machine without CUDA says it is disabled
-        result, _ = speedprobe(ip, "train_step --try amp-bf16 --steps 3 -o")
+    result, _ = speedprobe(ip, "train_step --try amp-bf16 --steps 3 -o")
     assert result.option("amp-bf16").skipped is None and result.option("amp-bf16").measured
+    # CUDA autocast on a machine without CUDA warns that it is disabled: named once in the notes, as what the
+    # step warned while the probe called it, not printed above the report call after call.
+    assert any(note.startswith("warned while the probe ran") and "UserWarning" in note and "autocast" in note.lower()
+               for note in result.notes), result.notes
