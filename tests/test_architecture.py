@@ -45,7 +45,7 @@ PURE = [
     "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
     "jupyter_gpu.speedprobe.decide", "jupyter_gpu.speedprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
-    "jupyter_gpu.snapshot_paths", "jupyter_gpu.gputime.compiled",
+    "jupyter_gpu.snapshot_paths", "jupyter_gpu.snapshot_schedulers", "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.gpumem", "jupyter_gpu.gpumem.result", "jupyter_gpu.gpumem.reconcile", "jupyter_gpu.gpumem.history",
     "jupyter_gpu.gpumem.render", "jupyter_gpu.gpumem.collector",
     "jupyter_gpu.distributed", "jupyter_gpu.distributed.links", "jupyter_gpu.distributed.readiness",

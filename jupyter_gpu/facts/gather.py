@@ -13,6 +13,7 @@ from jupyter_gpu.facts.inkernel import gather_in_kernel
 from jupyter_gpu.facts.kernel import gather_kernel
 from jupyter_gpu.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
 from jupyter_gpu.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
+from jupyter_gpu.snapshot_schedulers import VARIABLES as SCHEDULER_VARIABLES
 from jupyter_gpu.facts.system import gather_system
 from jupyter_gpu.version import __version__
 
@@ -23,15 +24,15 @@ SCHEMA_VERSION = 2
 # GPU machine would, from a fresh `jupyter-gpu check` process.
 FORCE_TORCH_PROBE_VARIABLE = "JUPYTER_GPU_FORCE_TORCH_PROBE"
 
-RELEVANT_ENV = (
+RELEVANT_ENV: tuple[str, ...] = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
     "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LD_LIBRARY_PATH",
     "CUDA_HOME", "CUDA_PATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "CUDA_LAUNCH_BLOCKING",
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_LOADING", "PYTHONPATH", "PYTHONNOUSERSITE",
     "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "JPY_PARENT_PID", "VSCODE_PID", "COLAB_RELEASE_TAG",
-    "KAGGLE_KERNEL_RUN_TYPE", "SLURM_JOB_ID", "WSL_DISTRO_NAME", "KUBERNETES_SERVICE_HOST",
-    # What Slurm sets when a job or step was given GPUs (--gres=gpu:N, --gpus=N).
-    "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS",
+    "KAGGLE_KERNEL_RUN_TYPE", "WSL_DISTRO_NAME", "KUBERNETES_SERVICE_HOST",
+    # What the job schedulers set inside a job, and when it was given GPUs (snapshot_schedulers.py).
+    *SCHEDULER_VARIABLES,
 )
 
 

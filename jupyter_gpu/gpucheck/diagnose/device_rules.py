@@ -27,6 +27,8 @@ def visible_devices_hide_gpus(view: FactsView) -> list[Finding]:
     value = view.env.get("CUDA_VISIBLE_DEVICES")
     if value is None:
         return []
+    if view.batch_job is not None and not view.job_gpu_allocation:
+        return []  # a scheduler set it for a job given no GPU: host_rules.job_hides_gpus, never "unset it"
     vis = view.visibility
     hides_by_value = vis.mode == "indices" and not vis.indices
     if not (view.nvml_ok and view.nvml_devices):

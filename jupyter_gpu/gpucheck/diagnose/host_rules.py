@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, pip_fix_lines
-from jupyter_gpu.gpucheck.diagnose.view import SLURM_GPU_VARIABLES, FactsView
+from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.models import LAYER_HOST, Finding
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
@@ -61,11 +61,6 @@ def _container_gpu_fix(hosting: dict, nvidia_visible_devices: str | None) -> lis
     return lines
 
 
-SLURM_GPU_REQUEST = [
-    "sbatch --gres=gpu:1 ...   (or --gpus=1): submit the job again, asking for a GPU",
-    "srun --gres=gpu:1 --pty jupyter lab --no-browser --ip=0.0.0.0   # an interactive job with a GPU",
-    'JupyterHub with batchspawner: c.SlurmSpawner.req_gres = "gpu:1" (or pick the GPU option of the spawn form)',
-]
 # A Jupyter started by systemd with these settings sees no device file: NVML then says "Driver Not Loaded".
 SYSTEMD_DEVICES = ("If Jupyter runs as a systemd service: PrivateDevices=yes or DevicePolicy=closed hides the GPUs; "
                    "add DeviceAllow=/dev/nvidiactl rw, DeviceAllow=/dev/nvidia-uvm rw and DeviceAllow=/dev/nvidia0 "
@@ -161,32 +156,40 @@ def docker_desktop_vm(view: FactsView, evidence: dict, cpu_note: str) -> Finding
         layer=LAYER_HOST)
 
 
+def _driver_denied(view: FactsView) -> bool:
+    """NVML says "Driver Not Loaded" while the host's own files show the module loaded (not WSL, whose driver is
+    Windows')."""
+    return (not view.hosting.get("wsl") and view.nvml_error_code == NVML_DRIVER_NOT_LOADED
+            and view.driver_loaded_on_host)
+
+
+def _driver_evidence(view: FactsView) -> dict:
+    return {"/proc/driver/nvidia/version": "present (the module is loaded)",
+            "kernel_module_version": view.driver.get("kernel_module_version"),
+            "bound_driver": sorted({g.get("bound_driver") or "none" for g in view.nvidia_pci}) or None,
+            "/dev/nvidia*": view.nvidia_gpu_nodes or "none", "nvml": view.nvml.get("error")}
+
+
 def driver_unreachable(view: FactsView) -> list[Finding]:
     """NVML says "Driver Not Loaded" while the host's own files show the module loaded: something between this
     process and the driver (a job's cgroup, a container, a sandbox) denies the device files. Never a modprobe."""
-    if view.hosting.get("wsl") or view.nvml_error_code != NVML_DRIVER_NOT_LOADED or not view.driver_loaded_on_host:
+    if not _driver_denied(view):
         return []
-    evidence: dict = {"/proc/driver/nvidia/version": "present (the module is loaded)",
-                      "kernel_module_version": view.driver.get("kernel_module_version"),
-                      "bound_driver": sorted({g.get("bound_driver") or "none" for g in view.nvidia_pci}) or None,
-                      "/dev/nvidia*": view.nvidia_gpu_nodes or "none", "nvml": view.nvml.get("error")}
-    job = view.hosting.get("slurm_job")
-    if job and not view.slurm_gpu_variables:
-        evidence.update({"SLURM_JOB_ID": job, **{name: "unset" for name in SLURM_GPU_VARIABLES}})
-        return [Finding(
-            "SLURM_JOB_WITHOUT_GPU", "fail",
-            f"This Slurm job ({job}) was given no GPU: the node's NVIDIA driver is loaded, but the job may not "
-            f"open the GPUs{_cpu_note(view)}.", evidence=evidence, fix=SLURM_GPU_REQUEST,
-            refs=["https://slurm.schedmd.com/gres.html"], layer=LAYER_HOST)]
+    evidence = _driver_evidence(view)
+    job = view.batch_job
+    if job is not None and not view.job_gpu_allocation:
+        return []  # job_given_no_gpu: the job asked for none
     if view.in_container:
         fix = ["This container cannot open the host's GPUs: start it with them.",
                *_container_gpu_fix(view.hosting, view.env.get("NVIDIA_VISIBLE_DEVICES"))]
-    elif job:
-        evidence.update({"SLURM_JOB_ID": job, **view.slurm_gpu_variables})
-        fix = [f"Slurm gave this job GPUs ({', '.join(f'{k}={v}' for k, v in view.slurm_gpu_variables.items())}), "
-               "yet it cannot open them: run nvidia-smi inside the job (srun --jobid "
-               f"{job} --overlap --pty nvidia-smi) and show the output to the cluster's administrators (the "
-               "cgroup's device rules)."]
+    elif job is not None:
+        scheduler, job_id = job
+        given = view.job_gpu_allocation
+        evidence.update({scheduler.job_variables[0]: job_id, **given})
+        fix = [f"{scheduler.name} gave this job GPUs ({', '.join(f'{k}={v}' for k, v in given.items())}), yet it "
+               "cannot open them: run nvidia-smi inside the job and show the output to the cluster's "
+               "administrators (the job's cgroup device rules)."
+               + (f" ({scheduler.look_inside.format(job=job_id)})" if scheduler.look_inside else "")]
     else:
         fix = ["Run nvidia-smi in a terminal outside Jupyter: if it lists the GPUs there, what started Jupyter "
                "denies it the device files.", SYSTEMD_DEVICES]
@@ -195,6 +198,31 @@ def driver_unreachable(view: FactsView) -> list[Finding]:
         "The NVIDIA driver is loaded on this machine, but this process cannot reach it (NVML says it is not "
         "loaded): a cgroup, a container or a sandbox denies the GPU device files.",
         evidence=evidence, fix=fix, layer=LAYER_HOST)]
+
+
+def job_given_no_gpu(view: FactsView) -> list[Finding]:
+    """Inside any scheduler's job that was given no GPU (snapshot_schedulers.py), where something denies the GPUs: the
+    job's cgroup (NVML cannot reach a loaded driver) or a placeholder in CUDA_VISIBLE_DEVICES (HTCondor's 10000).
+    The fix is that scheduler's request: never the driver, never the variable, which a job cannot take GPUs by."""
+    job = view.batch_job
+    if job is None or view.job_gpu_allocation:
+        return []
+    scheduler, job_id = job
+    reasons, evidence = [], {}
+    if _driver_denied(view):
+        reasons.append("the node's NVIDIA driver is loaded, but the job may not open the GPUs")
+        evidence.update(_driver_evidence(view))
+    value = view.env.get("CUDA_VISIBLE_DEVICES")
+    if value is not None:
+        reasons.append(f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU on this node from it")
+    if not reasons:
+        return []
+    absent = (*scheduler.gpu_variables, "CUDA_VISIBLE_DEVICES")
+    evidence.update({scheduler.job_variables[0]: job_id, **{name: view.env.get(name) or "unset" for name in absent}})
+    return [Finding(
+        scheduler.code, "fail",
+        f"This {scheduler.name} job ({job_id}) was given no GPU: {'; '.join(reasons)}{_cpu_note(view)}.",
+        evidence=evidence, fix=list(scheduler.request), refs=list(scheduler.refs), layer=LAYER_HOST)]
 
 
 def driver_not_loaded(view: FactsView) -> list[Finding]:
@@ -475,6 +503,6 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
 
 
 # Hardware faults first: a lost GPU or an ECC error explains CUDA's other complaints, never the reverse.
-RULES = (no_gpu, jetson_torch, gpu_lost, gpu_ecc_error, driver_unreachable, driver_not_loaded, driver_library_mismatch,
-         uvm_missing, permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver,
-         rocm, wrong_vendor_build)
+RULES = (no_gpu, jetson_torch, gpu_lost, gpu_ecc_error, job_given_no_gpu, driver_unreachable, driver_not_loaded,
+         driver_library_mismatch, uvm_missing, permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda,
+         wsl_linux_driver, rocm, wrong_vendor_build)

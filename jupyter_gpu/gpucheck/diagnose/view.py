@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from jupyter_gpu.snapshot_schedulers import Scheduler, current_job
 from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
 from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_snapshot
 
 ERROR_NUMBER = re.compile(r"Error (\d+)")
-# Slurm sets these when a job or step was given GPUs; CUDA_VISIBLE_DEVICES too (its GRES plugin), or a user did.
-SLURM_GPU_VARIABLES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS_ON_NODE", "SLURM_GPUS", "CUDA_VISIBLE_DEVICES")
 FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
 
 
@@ -197,9 +196,15 @@ class FactsView:
                                                                for g in self.nvidia_pci))
 
     @property
-    def slurm_gpu_variables(self) -> dict[str, str]:
-        """The GPU variables a Slurm allocation with GPUs has (empty: this job asked for none)."""
-        return {name: self.env[name] for name in SLURM_GPU_VARIABLES if self.env.get(name)}
+    def batch_job(self) -> tuple[Scheduler, str] | None:
+        """The job scheduler this process runs under and its job's id (snapshot_schedulers.py); None outside a job."""
+        return current_job(self.env)
+
+    @property
+    def job_gpu_allocation(self) -> dict[str, str]:
+        """The variables by which the scheduler gave this job GPUs (empty: it asked for none, or no job)."""
+        job = self.batch_job
+        return job[0].allocation(self.env) if job is not None else {}
 
     @property
     def jetson(self) -> dict[str, Any] | None:
