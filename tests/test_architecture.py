@@ -31,6 +31,7 @@ PURE = [
     "jupyter_gpu.gpucheck.diagnose.visibility", "jupyter_gpu.gpucheck.diagnose.wheels",
     "jupyter_gpu.gpucheck.diagnose.fixes", "jupyter_gpu.gpucheck.diagnose.stack",
     "jupyter_gpu.gpucheck.diagnose.companion_rules", "jupyter_gpu.gpucheck.diagnose.activity_rules",
+    "jupyter_gpu.gpucheck.diagnose.nvml_classes",
     "jupyter_gpu.gputime.stats", "jupyter_gpu.gputime.ops", "jupyter_gpu.gputime.result",
     "jupyter_gpu.gputime.advice", "jupyter_gpu.gputime.render", "jupyter_gpu.gputime.compare",
     "jupyter_gpu.batchprobe.search", "jupyter_gpu.batchprobe.oom", "jupyter_gpu.batchprobe.result",

@@ -13,8 +13,8 @@ from jupyter_gpu.facts.inkernel import gather_in_kernel
 from jupyter_gpu.facts.kernel import gather_kernel
 from jupyter_gpu.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
 from jupyter_gpu.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
-from jupyter_gpu.snapshot_schedulers import VARIABLES as SCHEDULER_VARIABLES
 from jupyter_gpu.facts.system import gather_system
+from jupyter_gpu.snapshot_schedulers import VARIABLES as SCHEDULER_VARIABLES
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"

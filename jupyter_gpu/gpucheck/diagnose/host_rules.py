@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from jupyter_gpu.gpucheck.diagnose import nvml_classes
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.models import LAYER_HOST, Finding
@@ -12,7 +13,6 @@ LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
 NVML_DRIVER_NOT_LOADED = 9
 NVML_NO_PERMISSION = 4
 NVML_OPERATING_SYSTEM = 17
-NVML_GPU_IS_LOST = 15
 NVML_VERSION_MISMATCH = 18
 
 
@@ -275,13 +275,19 @@ def driver_library_mismatch(view: FactsView) -> list[Finding]:
 
 
 def _gpu_lost(view: FactsView) -> bool:
-    return view.nvml_error_code == NVML_GPU_IS_LOST or bool(view.lost_gpus)
+    return view.nvml_init_class == nvml_classes.LOST or bool(view.lost_gpus)
+
+
+def _nvml_fault(view: FactsView) -> bool:
+    """NVML answered a fault for a GPU, or could not start for an unknown reason: what CUDA's own "unknown error"
+    then comes from, ahead of any guess about nvidia_uvm."""
+    return bool(view.gpu_faults) or view.nvml_init_class in nvml_classes.FAULTS
 
 
 def uvm_missing(view: FactsView) -> list[Finding]:
     nodes = view.device_nodes
-    if _gpu_lost(view) and "/dev/nvidia-uvm" in nodes and view.driver.get("sys_module_nvidia_uvm"):
-        return []  # CUDA's "unknown error" comes from the lost GPU, not from nvidia_uvm (which is there)
+    if _nvml_fault(view) and "/dev/nvidia-uvm" in nodes and view.driver.get("sys_module_nvidia_uvm"):
+        return []  # CUDA's "unknown error" comes from the GPU NVML cannot use, not from nvidia_uvm (which is there)
     missing_node = bool(view.nvidia_gpu_nodes) and "/dev/nvidia-uvm" not in nodes and not view.hosting.get("wsl")
     message = view.message_containing("CUDA unknown error")
     if not (missing_node or message or view.cuda_error_number() == 999):
@@ -346,20 +352,77 @@ def _hardware_fix(indices: list[int]) -> list[str]:
 
 
 def gpu_lost(view: FactsView) -> list[Finding]:
+    """A GPU NVML reads as off the bus (its lost class: GPU_IS_LOST, Timeout, an interrupt issue), or CUDA saying
+    so."""
     lost_devices = view.lost_gpus
     message = view.message_containing("unspecified launch failure", "GPU is lost", "fallen off the bus")
     if not (_gpu_lost(view) or message):
         return []
     which = f"GPU {', '.join(str(i) for i in lost_devices)}" if lost_devices else "A GPU"
+    said = sorted({view.gpu_faults[i][1] for i in lost_devices}) or [str(view.nvml.get("error") or "")]
+    what = "it is lost" if said == ["GPU is lost"] else f"{', '.join(repr(s) for s in said if s)}"
     return [Finding(
         "GPU_LOST_OR_XID", "fail",
-        f"{which} stopped responding: NVML says it is lost (it fell off the bus, Xid 79). This is the hardware or "
-        "its power, not the software: no reinstall helps.",
+        f"{which} stopped responding: NVML answers {what} (it fell off the bus or stopped answering its driver, "
+        "Xid 79). This is the hardware or its power, not the software: no reinstall helps.",
         evidence={"nvml": view.nvml.get("error"), "lost_devices": lost_devices or None, "torch": message,
+                  "nvml_answers": {i: view.gpu_faults[i][1] for i in lost_devices} or None,
                   "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent",
                   "sys_module_nvidia_uvm": view.driver.get("sys_module_nvidia_uvm")},
         fix=[*_hardware_fix(lost_devices), "The cause is in the kernel log: sudo dmesg | grep -i xid"],
         layer=LAYER_HOST)]
+
+
+def gpu_fault(view: FactsView) -> list[Finding]:
+    """A GPU whose NVML queries answer "needs a reset" or "Unknown Error" (the other fault classes of
+    nvml_classes): the reset first for the one, what tells more for the other. Never a driver or nvidia_uvm fix."""
+    faults = {i: f for i, f in view.gpu_faults.items() if f[0] != nvml_classes.LOST}
+    if not faults:
+        return []
+    reset = sorted(i for i, (fault, _) in faults.items() if fault == nvml_classes.RESET)
+    unknown = sorted(i for i, (fault, _) in faults.items() if fault == nvml_classes.UNKNOWN)
+    said = "; ".join(f"GPU {i}: {answer!r}" for i, (_, answer) in sorted(faults.items()))
+    if reset:
+        headline = (f"GPU {', '.join(map(str, reset))} needs a reset: NVML answers {said}. Until it is reset (or the "
+                    "machine rebooted) no process can use it.")
+        fix = [*_hardware_fix(reset), "What put it there is in the kernel log: sudo dmesg | grep -i xid "
+                                      "(Xid 48, 63, 64: memory errors and row remapping)"]
+    else:
+        headline = (f"GPU {', '.join(map(str, unknown))} does not answer NVML ({said}): the kernel log says why.")
+        index = ",".join(map(str, unknown))
+        fix = ["sudo dmesg | grep -i xid   # Xid 79 or 119: the GPU fell off the bus or its firmware stopped "
+               "answering; Xid 48, 63, 64: memory errors",
+               f"nvidia-smi -q -i {index}   # what the driver itself says of it",
+               "Then, for an Xid of the hardware: " + HARDWARE_FAULT_FIX[0].format(index=index) + "; or reboot"]
+    return [Finding("GPU_FAULT", "fail", headline,
+                    evidence={"nvml_answers": {i: answer for i, (_, answer) in faults.items()},
+                              "classes": {i: fault for i, (fault, _) in faults.items()},
+                              "torch": view.message_containing("CUDA unknown error"),
+                              "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent"},
+                    fix=fix, refs=["https://docs.nvidia.com/deploy/xid-errors/"], layer=LAYER_HOST)]
+
+
+def nvml_unknown_error(view: FactsView) -> list[Finding]:
+    """NVML could not start and says only "Unknown Error": the report says what it saw and how to find out; in a
+    container, the known cause there (the host's systemd took the container's GPU devices back)."""
+    if view.nvml_init_class != nvml_classes.UNKNOWN or not (view.nvidia_present or view.driver_loaded_on_host):
+        return []
+    if view.in_container:
+        fix = ["Restart the container: a running container loses its GPU devices when the host runs "
+               "`systemctl daemon-reload` with systemd managing its cgroups, and only a new container gets them "
+               "back (NVIDIA/nvidia-docker#1730)",
+               "For good, on the host: the workaround in that notice (the /dev/char symlinks: sudo nvidia-ctk "
+               "system create-dev-char-symlinks --create-all), or Docker's cgroupfs driver"]
+    else:
+        fix = ["nvidia-smi   # in a terminal: does the driver itself answer?",
+               "sudo dmesg | grep -i -e xid -e nvrm   # a fault of the GPU (Xid 79: off the bus) or the driver's"]
+    return [Finding(
+        "NVML_UNKNOWN_ERROR", "fail",
+        "NVML could not start here and says only 'Unknown Error'"
+        + (" (inside a container)" if view.in_container else "") + ": CUDA cannot use the GPU either.",
+        evidence={"nvml": view.nvml.get("error"), "nvml_error_code": view.nvml_error_code,
+                  "container": view.in_container, "torch": view.message_containing("CUDA unknown error")},
+        fix=fix, refs=["NVIDIA/nvidia-docker#1730", "NVIDIA/nvidia-container-toolkit#251"], layer=LAYER_HOST)]
 
 
 def gpu_ecc_error(view: FactsView) -> list[Finding]:
@@ -503,6 +566,6 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
 
 
 # Hardware faults first: a lost GPU or an ECC error explains CUDA's other complaints, never the reverse.
-RULES = (no_gpu, jetson_torch, gpu_lost, gpu_ecc_error, job_given_no_gpu, driver_unreachable, driver_not_loaded,
-         driver_library_mismatch, uvm_missing, permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda,
-         wsl_linux_driver, rocm, wrong_vendor_build)
+RULES = (no_gpu, jetson_torch, gpu_lost, gpu_fault, nvml_unknown_error, gpu_ecc_error, job_given_no_gpu,
+         driver_unreachable, driver_not_loaded, driver_library_mismatch, uvm_missing, permission_denied,
+         fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver, rocm, wrong_vendor_build)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from jupyter_gpu.snapshot_schedulers import Scheduler, current_job
+from jupyter_gpu.gpucheck.diagnose import nvml_classes
 from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
 from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_snapshot
+from jupyter_gpu.snapshot_schedulers import Scheduler, current_job
 
 ERROR_NUMBER = re.compile(r"Error (\d+)")
 FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
@@ -218,10 +219,27 @@ class FactsView:
         return "linuxkit" in (self.hosting.get("kernel_release") or "").lower()
 
     @property
+    def gpu_faults(self) -> dict[int, tuple[str, str]]:
+        """Each GPU whose NVML queries answered a fault (nvml_classes.FAULTS: lost, reset needed, unknown): its
+        class and NVML's own words, the worst of its answers."""
+        faults = {}
+        for device in self.nvml.get("devices") or []:
+            messages = [str(m) for m in (device.get("errors") or {}).values()]
+            fault = nvml_classes.worst([nvml_classes.class_of_message(m) for m in messages])
+            if fault is not None:
+                said = next(m for m in messages if nvml_classes.class_of_message(m) == fault)
+                faults[int(device["index"])] = (fault, said)
+        return faults
+
+    @property
     def lost_gpus(self) -> list[int]:
-        """GPUs whose NVML handle answers "GPU is lost" (Xid 79: fallen off the bus)."""
-        return [d["index"] for d in self.nvml.get("devices") or []
-                if any("lost" in str(e).lower() for e in (d.get("errors") or {}).values())]
+        """GPUs whose NVML handle answers as a GPU off the bus does ("GPU is lost", "Timeout", ...: Xid 79)."""
+        return [index for index, (fault, _) in self.gpu_faults.items() if fault == nvml_classes.LOST]
+
+    @property
+    def nvml_init_class(self) -> str | None:
+        """The class of NVML's init error (nvml_classes), None where it started."""
+        return nvml_classes.class_of_code(self.nvml_error_code) if self.nvml.get("status") != "ok" else None
 
     @property
     def in_container(self) -> bool:
