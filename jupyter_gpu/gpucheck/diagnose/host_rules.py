@@ -225,10 +225,48 @@ def job_given_no_gpu(view: FactsView) -> list[Finding]:
         evidence=evidence, fix=list(scheduler.request), refs=list(scheduler.refs), layer=LAYER_HOST)]
 
 
+# Drivers an NVIDIA GPU's PCI function can be bound to for the NVIDIA driver's own use; any other holds it for
+# something else (vfio-pci and pci-stub: a virtual machine), and no modprobe or DKMS reaches it until released.
+OWN_DRIVERS = (None, "nvidia", "nouveau")
+
+
+def _held_elsewhere(view: FactsView) -> list[dict]:
+    return [g for g in view.nvidia_pci if g.get("bound_driver") not in OWN_DRIVERS]
+
+
+def gpu_bound_elsewhere(view: FactsView) -> list[Finding]:
+    """The PCI layer first: an NVIDIA GPU bound to a driver other than nvidia or nouveau (vfio-pci, pci-stub,
+    xen-pciback, ...) is reserved for something else, whatever the NVIDIA module does."""
+    held = _held_elsewhere(view)
+    if not held:
+        return []
+    drivers = sorted({g["bound_driver"] for g in held})
+    where = ", ".join(f"{g['address']} ({g['bound_driver']})" for g in held)
+    fix = []
+    if any(d.startswith("vfio") for d in drivers):
+        fix.append("It is reserved for a virtual machine (vfio-pci): to use it here, remove its ids from vfio-pci "
+                   "(vfio-pci.ids= on the kernel command line, `options vfio-pci ids=` in /etc/modprobe.d/), update "
+                   "the initramfs and reboot; where driverctl bound it: sudo driverctl unset-override ADDRESS")
+    fix += [f"Now, without a reboot: echo {g['address']} | sudo tee /sys/bus/pci/drivers/{g['bound_driver']}/unbind"
+            f" && echo {g['address']} | sudo tee /sys/bus/pci/drivers/nvidia/bind   # with the nvidia module "
+            "loaded, and no VM using it" for g in held]
+    return [Finding(
+        "GPU_BOUND_TO_OTHER_DRIVER", "fail",
+        f"The NVIDIA GPU at {where} is bound to {', '.join(drivers)}, not to the NVIDIA driver: it is reserved for "
+        "something else (a virtual machine, usually), and CUDA cannot use it here.",
+        evidence={"bound_driver": {g["address"]: g["bound_driver"] for g in held},
+                  "nvidia_module": "loaded" if view.driver_loaded_on_host or view.driver.get("proc_version_text")
+                  else "not loaded", "nvml": view.nvml.get("error")},
+        fix=fix, refs=["HikariKnight/quickpassthrough#22", "NVIDIA/kubevirt-gpu-device-plugin#27"],
+        layer=LAYER_HOST)]
+
+
 def driver_not_loaded(view: FactsView) -> list[Finding]:
     code = view.nvml_error_code
     if view.hosting.get("wsl") or view.driver_loaded_on_host:
         return []  # loaded, whatever NVML says from in here: driver_unreachable explains the contradiction
+    if view.nvidia_pci and len(_held_elsewhere(view)) == len(view.nvidia_pci):
+        return []  # every GPU is held by another driver: gpu_bound_elsewhere, and no modprobe reaches them
     if not (code == NVML_DRIVER_NOT_LOADED or (view.nvidia_pci and not view.driver.get("proc_version_text"))):
         return []
     bound = sorted({g.get("bound_driver") or "none" for g in view.nvidia_pci})
@@ -566,6 +604,7 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
 
 
 # Hardware faults first: a lost GPU or an ECC error explains CUDA's other complaints, never the reverse.
-RULES = (no_gpu, jetson_torch, gpu_lost, gpu_fault, nvml_unknown_error, gpu_ecc_error, job_given_no_gpu,
-         driver_unreachable, driver_not_loaded, driver_library_mismatch, uvm_missing, permission_denied,
-         fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver, rocm, wrong_vendor_build)
+RULES = (no_gpu, jetson_torch, gpu_bound_elsewhere, gpu_lost, gpu_fault, nvml_unknown_error, gpu_ecc_error,
+         job_given_no_gpu, driver_unreachable, driver_not_loaded, driver_library_mismatch, uvm_missing,
+         permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver, rocm,
+         wrong_vendor_build)
