@@ -75,9 +75,9 @@ def make_census(torch: Any, cuda_timing: bool, counting: Any = lambda: True, in_
             if isinstance(func, HigherOrderOperator):
                 return func(*args, **kwargs)
             packet = func._overloadpacket
-            name = operator_key(getattr(packet, "_qualified_op_name", packet.__name__))
             if packet.__name__ in _METADATA or not counting():
                 return func(*args, **kwargs)
+            name = operator_key(getattr(packet, "_qualified_op_name", packet.__name__))
             if packet not in formulas:
                 # Under torch.inference_mode a composite operator (linear, batch_norm, dropout) reaches the mode
                 # whole, where autograd would have decomposed it: priced as `linear`, an eval loop's matmuls had no

@@ -28,7 +28,7 @@ def visible_devices_hide_gpus(view: FactsView) -> list[Finding]:
     if value is None:
         return []
     if view.batch_job is not None and not view.job_gpu_allocation:
-        return []  # a scheduler set it for a job given no GPU: host_rules.job_hides_gpus, never "unset it"
+        return []  # a job its scheduler gave no GPU: host_rules.job_given_no_gpu, never "unset it"
     vis = view.visibility
     hides_by_value = vis.mode == "indices" and not vis.indices
     if not (view.nvml_ok and view.nvml_devices):

@@ -11,8 +11,6 @@ from jupyter_gpu.models import LAYER_HOST, Finding
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
 NVML_DRIVER_NOT_LOADED = 9
-NVML_NO_PERMISSION = 4
-NVML_OPERATING_SYSTEM = 17
 NVML_VERSION_MISMATCH = 18
 
 
@@ -343,8 +341,7 @@ def uvm_missing(view: FactsView) -> list[Finding]:
 
 def permission_denied(view: FactsView) -> list[Finding]:
     denied = [p for p, ok in view.device_nodes.items() if not ok and p.startswith("/dev/nvidia")]
-    code = view.nvml_error_code
-    if not denied and code not in (NVML_NO_PERMISSION, NVML_OPERATING_SYSTEM):
+    if not denied and view.nvml_init_class != nvml_classes.NO_PERMISSION:
         return []
     return [Finding(
         "DEVICE_PERMISSION_DENIED", "fail",
@@ -398,7 +395,7 @@ def gpu_lost(view: FactsView) -> list[Finding]:
         return []
     which = f"GPU {', '.join(str(i) for i in lost_devices)}" if lost_devices else "A GPU"
     said = sorted({view.gpu_faults[i][1] for i in lost_devices}) or [str(view.nvml.get("error") or "")]
-    what = "it is lost" if said == ["GPU is lost"] else f"{', '.join(repr(s) for s in said if s)}"
+    what = "it is lost" if said == ["GPU is lost"] else ", ".join(repr(s) for s in said if s)
     return [Finding(
         "GPU_LOST_OR_XID", "fail",
         f"{which} stopped responding: NVML answers {what} (it fell off the bus or stopped answering its driver, "

@@ -196,7 +196,7 @@ class FactsView:
             bool(self.driver.get("sys_module_nvidia")) or any(g.get("bound_driver") == "nvidia"
                                                                for g in self.nvidia_pci))
 
-    @property
+    @cached_property
     def batch_job(self) -> tuple[Scheduler, str] | None:
         """The job scheduler this process runs under and its job's id (snapshot_schedulers.py); None outside a job."""
         return current_job(self.env)
@@ -218,17 +218,18 @@ class FactsView:
         """Docker Desktop's Linux VM (macOS, or Windows without the WSL 2 engine): its kernel is a linuxkit one."""
         return "linuxkit" in (self.hosting.get("kernel_release") or "").lower()
 
-    @property
+    @cached_property
     def gpu_faults(self) -> dict[int, tuple[str, str]]:
         """Each GPU whose NVML queries answered a fault (nvml_classes.FAULTS: lost, reset needed, unknown): its
         class and NVML's own words, the worst of its answers."""
         faults = {}
         for device in self.nvml.get("devices") or []:
-            messages = [str(m) for m in (device.get("errors") or {}).values()]
-            fault = nvml_classes.worst([nvml_classes.class_of_message(m) for m in messages])
+            answers: dict[str | None, str] = {}  # each class's first answer
+            for message in (device.get("errors") or {}).values():
+                answers.setdefault(nvml_classes.class_of_message(message), str(message))
+            fault = nvml_classes.worst(list(answers))
             if fault is not None:
-                said = next(m for m in messages if nvml_classes.class_of_message(m) == fault)
-                faults[int(device["index"])] = (fault, said)
+                faults[int(device["index"])] = (fault, answers[fault])
         return faults
 
     @property
