@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose import activity_rules, companion_rules, device_rules, host_rules, install_rules
+from jupyter_gpu.gpucheck.diagnose.fix_gate import gate
 from jupyter_gpu.gpucheck.diagnose.stack import build_stack
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
@@ -56,7 +57,7 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
     ))
     last_cell = activity_rules.last_long_cell(view)
     findings.extend(activity_rules.low_utilization(last_cell))
-    findings = _dedupe(order_findings(findings))
+    findings = gate(_dedupe(order_findings(findings)), view)  # no rule prints a fix around the gate
     return GpuCheckReport(
         status=overall_status(findings),
         verdict=verdict_line(devices, None if devices else primary_finding(findings)),

@@ -181,7 +181,16 @@ class FactsView:
     @property
     def nvidia_present(self) -> bool:
         return bool(self.nvidia_pci or self.nvidia_gpu_nodes or self.driver.get("proc_version_text")
-                    or (self.nvml_ok and self.nvml_devices) or self.windows_driver_installed)
+                    or (self.nvml_ok and self.nvml_devices) or self.windows_driver_installed
+                    or self.wsl_windows_cuda)
+
+    @property
+    def wsl_windows_cuda(self) -> bool:
+        """WSL 2's bridge to the Windows GPU driver (/dev/dxg) with that driver's libcuda in /usr/lib/wsl/lib: an
+        NVIDIA GPU on the Windows side, whatever NVML says from in here."""
+        libs = (self.driver.get("libraries") or {}).get("libcuda.so.1") or []
+        return bool(self.hosting.get("wsl")) and "/dev/dxg" in self.device_nodes and any(
+            str(lib.get("path") or "").startswith("/usr/lib/wsl/") for lib in libs)
 
     @property
     def windows_driver_installed(self) -> bool:
