@@ -260,3 +260,12 @@ def test_the_slugs_are_github_s() -> None:
     assert github_slug("The side panel's server API against a per-client loop") == \
         "the-side-panels-server-api-against-a-per-client-loop"
     assert github_slug("`require_gpu()`") == "require_gpu"
+
+
+def test_findings_page_gives_every_fix_kinds_preconditions_as_the_gate_holds_them():
+    from jupyter_gpu.gpucheck.diagnose.fix_gate import FIX_KINDS
+
+    page = (DOCS / "findings.md").read_text()
+    for kind in FIX_KINDS:
+        row = f"| {kind.name} | " + "; ".join(p.needs for p in kind.preconditions) + " |"
+        assert row in page, f"docs/findings.md#fix-preconditions lacks or misstates: {row}"
