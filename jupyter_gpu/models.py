@@ -15,7 +15,9 @@ Status = Literal["ok", "warn", "fail"]
 
 SEVERITY_RANK: dict[str, int] = {"fail": 0, "warn": 1, "info": 2}
 
-# The layers of the catalogue (§0/§7): the primary finding is the lowest-layer fail, else warn.
+# The layers of the catalogue (§0/§7): the primary finding is the lowest-layer fail, else warn. The hardware's health
+# (a lost GPU, a Xid, a PCIe link down) comes first: it outranks every software finding (issue 49).
+LAYER_HARDWARE = -1
 LAYER_KERNEL = 0
 LAYER_BUILD = 1
 LAYER_HOST = 2

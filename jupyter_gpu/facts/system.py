@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from jupyter_gpu.facts.context import ProbeContext
+from jupyter_gpu.facts.health import kernel_log_facts, pcie_link_facts
 
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 KERNEL_MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
@@ -206,11 +207,15 @@ def jetson_facts(ctx: ProbeContext) -> dict[str, Any] | None:
 
 
 def gather_system(ctx: ProbeContext) -> dict[str, Any]:
+    driver, pci_gpus = driver_facts(ctx), pci_gpu_facts(ctx)
     return {
         "platform": platform_facts(ctx),
-        "driver": driver_facts(ctx),
+        "driver": driver,
         "device_nodes": device_node_facts(ctx),
-        "pci_gpus": pci_gpu_facts(ctx),
+        "pci_gpus": pci_gpus,
+        # Kept apart from pci_gpus: a link's speed changes with load, and pci_gpus keys the torch-probe cache.
+        "pcie_links": pcie_link_facts(ctx, pci_gpus),
+        "kernel_log": kernel_log_facts(ctx, pci_gpus, driver.get("proc_version_text")),
         "hosting": hosting_facts(ctx),
         "jetson": jetson_facts(ctx),
         "shm_bytes": shm_bytes(ctx),

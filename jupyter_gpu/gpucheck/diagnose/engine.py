@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_gpu.gpucheck.diagnose import activity_rules, companion_rules, device_rules, host_rules, install_rules
+from jupyter_gpu.gpucheck.diagnose import (
+    activity_rules,
+    companion_rules,
+    device_rules,
+    health_rules,
+    host_rules,
+    install_rules,
+)
 from jupyter_gpu.gpucheck.diagnose.fix_gate import gate
 from jupyter_gpu.gpucheck.diagnose.stack import build_stack
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
@@ -40,7 +47,9 @@ def verdict_line(devices: list[Device], primary: Finding | None) -> str:
 def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckReport:
     view = FactsView(snapshot)
     findings: list[Finding] = []
-    for rule in (*install_rules.RULES, *host_rules.RULES, *device_rules.RULES, *companion_rules.RULES):
+    # The hardware's health first: its findings are LAYER_HARDWARE, below every software layer.
+    for rule in (*health_rules.RULES, *install_rules.RULES, *host_rules.RULES, *device_rules.RULES,
+                 *companion_rules.RULES):
         findings.extend(rule(view))
     findings.extend(device_rules.cuda_not_available(view, findings))
     devices = usable_devices(view)
