@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 
-from jupyter_gpu.gpucheck.diagnose import health_rules, nvml_classes
+from jupyter_gpu.gpucheck.diagnose import nvml_classes
+from jupyter_gpu.gpucheck.diagnose.driver_api_rules import compat_answered
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
-from jupyter_gpu.models import LAYER_HARDWARE, LAYER_HOST, Finding
+from jupyter_gpu.models import LAYER_HOST, Finding
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
 NVML_DRIVER_NOT_LOADED = 9
@@ -296,7 +297,9 @@ def driver_library_mismatch(view: FactsView) -> list[Finding]:
     module = view.driver.get("kernel_module_version")
     libs = _library_versions(view, "libnvidia-ml.so.1") | _library_versions(view, "libcuda.so.1")
     differing = {p: v for p, v in libs.items() if module and v != module}
-    by_code = view.nvml_error_code == NVML_VERSION_MISMATCH or view.cuda_error_number() == 803
+    # An 803 from a cuda-compat libcuda is that library's mismatch, not a stale module: driver_api_rules names it.
+    by_code = view.nvml_error_code == NVML_VERSION_MISMATCH or (
+        view.cuda_error_number() == 803 and not compat_answered(view, 803))
     if not (by_code or differing):
         return []
     return [Finding(
@@ -369,8 +372,8 @@ def forward_compat(view: FactsView) -> list[Finding]:
     compat_paths = [p for p in view.paths.library_search_path(view.env) if "compat" in p]
     compat_libs = [lib["resolved"] for lib in (view.driver.get("libraries") or {}).get("libcuda.so.1") or []
                    if "compat" in (lib.get("resolved") or "")]
-    if view.cuda_error_number() != 804:
-        return []
+    if view.cuda_error_number() != 804 or compat_answered(view, 804):
+        return []  # where the probe's own cuInit answered 804, driver_api_rules names the file and its way in
     return [Finding(
         "FORWARD_COMPAT_UNSUPPORTED", "fail",
         "A CUDA forward-compatibility libcuda is loaded on a GPU that does not support it (Error 804).",
@@ -399,15 +402,13 @@ def gpu_lost(view: FactsView) -> list[Finding]:
     return [Finding(
         "GPU_LOST_OR_XID", "fail",
         f"{which} stopped responding: NVML answers {what} (it fell off the bus or stopped answering its driver, "
-        "Xid 79). This is the hardware or its power, not the software: no reinstall helps."
-        + health_rules.health_headline(view, lost_devices),
+        "Xid 79). This is the hardware or its power, not the software: no reinstall helps.",
         evidence={"nvml": view.nvml.get("error"), "lost_devices": lost_devices or None, "torch": message,
                   "nvml_answers": {i: view.gpu_faults[i][1] for i in lost_devices} or None,
                   "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent",
-                  "sys_module_nvidia_uvm": view.driver.get("sys_module_nvidia_uvm"),
-                  **health_rules.gpu_health_evidence(view, lost_devices)},
+                  "sys_module_nvidia_uvm": view.driver.get("sys_module_nvidia_uvm")},
         fix=[*_hardware_fix(lost_devices), "The cause is in the kernel log: sudo dmesg | grep -i xid"],
-        layer=LAYER_HARDWARE)]
+        layer=LAYER_HOST)]
 
 
 def gpu_fault(view: FactsView) -> list[Finding]:
@@ -421,26 +422,22 @@ def gpu_fault(view: FactsView) -> list[Finding]:
     said = "; ".join(f"GPU {i}: {answer!r}" for i, (_, answer) in sorted(faults.items()))
     if reset:
         headline = (f"GPU {', '.join(map(str, reset))} needs a reset: NVML answers {said}. Until it is reset (or the "
-                    "machine rebooted) no process can use it." + health_rules.health_headline(view, reset))
+                    "machine rebooted) no process can use it.")
         fix = [*_hardware_fix(reset), "What put it there is in the kernel log: sudo dmesg | grep -i xid "
                                       "(Xid 48, 63, 64: memory errors and row remapping)"]
     else:
-        told = health_rules.health_headline(view, unknown)  # the kernel log or the PCIe link, where they say
-        headline = f"GPU {', '.join(map(str, unknown))} does not answer NVML ({said})" + (
-            "." + told if told else ": the kernel log says why.")
+        headline = (f"GPU {', '.join(map(str, unknown))} does not answer NVML ({said}): the kernel log says why.")
         index = ",".join(map(str, unknown))
         fix = ["sudo dmesg | grep -i xid   # Xid 79 or 119: the GPU fell off the bus or its firmware stopped "
                "answering; Xid 48, 63, 64: memory errors",
                f"nvidia-smi -q -i {index}   # what the driver itself says of it",
                "Then, for an Xid of the hardware: " + HARDWARE_FAULT_FIX[0].format(index=index) + "; or reboot"]
-        fix = health_rules.health_fix(view, unknown) or fix  # the log was read: its Xid's own action
     return [Finding("GPU_FAULT", "fail", headline,
                     evidence={"nvml_answers": {i: answer for i, (_, answer) in faults.items()},
                               "classes": {i: fault for i, (fault, _) in faults.items()},
                               "torch": view.message_containing("CUDA unknown error"),
-                              "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent",
-                              **health_rules.gpu_health_evidence(view, sorted(faults))},
-                    fix=fix, refs=["https://docs.nvidia.com/deploy/xid-errors/"], layer=LAYER_HARDWARE)]
+                              "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent"},
+                    fix=fix, refs=["https://docs.nvidia.com/deploy/xid-errors/"], layer=LAYER_HOST)]
 
 
 def nvml_unknown_error(view: FactsView) -> list[Finding]:
