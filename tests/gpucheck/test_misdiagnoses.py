@@ -182,7 +182,8 @@ def test_a_jetson_with_pypis_torch_gets_nvidias_jetpack_build_not_a_cuda_index(c
 
 
 def test_a_jetson_running_nvidias_own_torch_is_not_told_to_replace_it(check_machine):
-    machine = jetson_with_pypi_torch().cuda_torch("2.1.0a0+41361538.nv23.06", "11.4", devices=[], device_count=0)
+    machine = jetson_with_pypi_torch().cuda_torch("2.1.0a0+41361538.nv23.06", "11.4", arch=["sm_72", "sm_87"],
+                                                  devices=[], device_count=0)
     assert "JETSON_NEEDS_JETPACK_TORCH" not in {f.code for f in check_machine(machine).findings}
 
 

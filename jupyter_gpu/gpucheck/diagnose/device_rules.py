@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, install_advice, pip_fix_lines
+from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, install_advice, pip_fix_lines, torch_not_for_this_jetson
 from jupyter_gpu.gpucheck.diagnose.view import CudaDeviceSlot, FactsView
 from jupyter_gpu.gpucheck.diagnose.visibility import canonical_uuid
 from jupyter_gpu.gpucheck.diagnose.wheels import (
@@ -192,8 +192,8 @@ def driver_too_old(view: FactsView) -> list[Finding]:
     wheel = view.torch_cuda
     driver = view.cuda_driver_version
     message = view.message_containing("driver on your system is too old")
-    if not wheel:
-        return []
+    if not wheel or torch_not_for_this_jetson(view):
+        return []  # a Jetson's driver is its JetPack's: a torch built for another one is jetson_torch's finding
     if not message and (driver is None or driver_supports_wheel(driver, wheel)):
         return []
     major = parse_cuda_version(wheel)[0]
@@ -213,7 +213,7 @@ def driver_too_old(view: FactsView) -> list[Finding]:
 
 def minor_version_compat(view: FactsView) -> list[Finding]:
     wheel, driver = view.torch_cuda, view.cuda_driver_version
-    if not wheel or not driver or not driver_supports_wheel(driver, wheel):
+    if not wheel or not driver or not driver_supports_wheel(driver, wheel) or torch_not_for_this_jetson(view):
         return []
     major, minor = parse_cuda_version(wheel)
     if driver >= major * 1000 + minor * 10:

@@ -6,8 +6,9 @@ import re
 
 from jupyter_gpu.gpucheck.diagnose import nvml_classes
 from jupyter_gpu.gpucheck.diagnose.driver_api_rules import compat_answered
-from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, pip_fix_lines
+from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, jetson_fit, jetson_l4t, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
+from jupyter_gpu.gpucheck.diagnose.wheels import JETSON_PYTORCH_GUIDE, jetpack_name, missing_library_need
 from jupyter_gpu.models import LAYER_HOST, Finding
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
@@ -482,49 +483,47 @@ def gpu_ecc_error(view: FactsView) -> list[Finding]:
         layer=LAYER_HOST)]
 
 
-# L4T's major release is JetPack's (R32: JetPack 4, R34/R35: 5, R36: 6, R38: 7); a few exact pairs from NVIDIA's
-# JetPack archive, where the minor release matters for the wheel folder.
-JETPACK_OF_L4T_MAJOR = {"32": "4", "34": "5", "35": "5", "36": "6", "38": "7"}
-JETPACK_OF_L4T = {"35.4.1": "5.1.2", "35.5.0": "5.1.3", "36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2"}
-JETSON_PYTORCH_GUIDE = "https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/index.html"
-
-
 def jetson_torch(view: FactsView) -> list[Finding]:
-    """A Jetson whose torch cannot use its integrated GPU: PyPI's aarch64 wheels are not built for it (no CUDA, or
-    CUDA for discrete server GPUs); NVIDIA builds torch for each JetPack."""
+    """A Jetson whose torch is not a build for the JetPack it runs (wheels.jetson_build_fit): PyPI's aarch64 CPU
+    wheel, download.pytorch.org's server (SBSA) CUDA wheels, or NVIDIA's own build for another JetPack. A torch
+    that uses the GPU is never blamed; one that fails although it matches is left to the rules that say why."""
     jetson = view.jetson
-    if not jetson or not view.torch_installed or ".nv" in (view.torch_version or ""):
-        return []  # NVIDIA's Jetson wheels carry their build in the version (2.1.0a0+41361538.nv23.06)
-    usable = view.probe_ran and (view.torch or {}).get("device_count") and not view.cuda_messages
-    if usable:
+    if not jetson or not view.torch_installed:
         return []
-    l4t = jetson.get("l4t")
-    major = (l4t or "").split(".")[0]
-    jetpack = JETPACK_OF_L4T.get(l4t or "") or JETPACK_OF_L4T_MAJOR.get(major)
-    named = f"JetPack {jetpack}" if jetpack else "its JetPack"
-    fix = [f"%pip uninstall -y torch   # PyPI's aarch64 torch{_build_note(view)} cannot use a Jetson's GPU",
-           f"Install NVIDIA's torch for {named} (L4T R{l4t or '?'}): the wheel for your JetPack from "
-           f"https://developer.download.nvidia.com/compute/redist/jp/, as {JETSON_PYTORCH_GUIDE} describes."]
-    if major == "36":
-        fix.append("On JetPack 6, NVIDIA's Jetson AI Lab also serves these wheels from its package index: "
-                   "https://pypi.jetson-ai-lab.io/jp6/cu126")
-    fix.append("Or run Jupyter in NVIDIA's container for this release: nvcr.io/nvidia/l4t-pytorch (JetPack 4 and 5, "
-               f"tag r{l4t or '<L4T>'}-pth*) or, on JetPack 6, nvcr.io/nvidia/pytorch:<yy.mm>-py3-igpu.")
+    usable = view.probe_ran and (view.torch or {}).get("device_count") and not view.cuda_messages
+    fit = jetson_fit(view)
+    if usable or fit is None or fit.fits is True:
+        return []
+    l4t, host_l4t = jetson.get("l4t"), jetson_l4t(view)
+    named = f"JetPack {jetpack_name(host_l4t)}" if jetpack_name(host_l4t) else "its JetPack"
+    where = (f"L4T R{l4t or '?'}, {named}" if host_l4t == l4t else
+             f"this container's image is L4T R{l4t}, the host's kernel {view.hosting.get('kernel_release')} is "
+             f"{named}'s")
+    need = missing_library_need(view.torch_import_error)
+    missing = f"; {need[0]} is missing" if need else ""
+    version = " " + view.torch_version if view.torch_version else ""
+    evidence = {"/etc/nv_tegra_release": jetson.get("release_text"), "l4t": l4t, "jetpack": jetpack_name(host_l4t),
+                "kernel": view.hosting.get("kernel_release"),
+                "nvhost nodes": [p for p in view.device_nodes if p.startswith("/dev/nvhost-")][:4] or None,
+                "tegra libcuda": [lib["path"] for lib in (view.driver.get("libraries") or {}).get("libcuda.so.1")
+                                  or [] if "/tegra/" in lib["path"]] or None,
+                "torch.version.cuda": view.torch_cuda, "compiled arch list": " ".join(view.arch_flags) or None,
+                "import_error": view.torch_import_error, "torch build": f"{fit.build}: {fit.why}"}
+    fix = [f"%pip uninstall -y torch   # {fit.build}: it cannot use this Jetson's GPU", *pip_fix_lines(view)]
+    if host_l4t != l4t:
+        fix.insert(0, f"This container was built for L4T R{l4t}, the host runs {named}: start one built for the "
+                      "host's release instead (cat /etc/nv_tegra_release on the host names it).")
+    if fit.fits is None:
+        return [Finding(
+            "JETSON_TORCH_BUILD_UNKNOWN", "warn",
+            f"This is a Jetson ({where}); whether torch{version} is a build for it cannot be told: {fit.build}, "
+            f"{fit.why}{missing}.",
+            evidence=evidence, fix=fix, refs=[JETSON_PYTORCH_GUIDE], layer=LAYER_HOST)]
     return [Finding(
         "JETSON_NEEDS_JETPACK_TORCH", "fail",
-        f"This is a Jetson (L4T R{l4t or '?'}, {named}), and torch{' ' + (view.torch_version or '')} is not "
-        "NVIDIA's build for it: its integrated GPU is unused.",
-        evidence={"/etc/nv_tegra_release": jetson.get("release_text"), "l4t": l4t, "jetpack": jetpack,
-                  "nvhost nodes": [p for p in view.device_nodes if p.startswith("/dev/nvhost-")][:4] or None,
-                  "tegra libcuda": [lib["path"] for lib in (view.driver.get("libraries") or {}).get("libcuda.so.1")
-                                    or [] if "/tegra/" in lib["path"]] or None,
-                  "torch.version.cuda": view.torch_cuda},
-        fix=fix, refs=[JETSON_PYTORCH_GUIDE], layer=LAYER_HOST)]
-
-
-def _build_note(view: FactsView) -> str:
-    return " (a CPU-only build)" if view.cpu_only_build else f" (built for CUDA {view.torch_cuda})" if \
-        view.torch_cuda else ""
+        f"This is a Jetson ({where}), and torch{version} is not a build for it: {fit.build}; "
+        f"{fit.why}{missing}. Its integrated GPU is unused.",
+        evidence=evidence, fix=fix, refs=[JETSON_PYTORCH_GUIDE], layer=LAYER_HOST)]
 
 
 def wsl_no_windows_cuda(view: FactsView) -> list[Finding]:

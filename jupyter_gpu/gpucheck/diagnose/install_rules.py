@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines
+from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines, torch_not_for_this_jetson
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.models import LAYER_BUILD, LAYER_KERNEL, Finding
 
@@ -186,6 +186,8 @@ def import_broken(view: FactsView) -> list[Finding]:
     error = view.torch_import_error
     if not error:
         return []
+    if torch_not_for_this_jetson(view):
+        return []  # a torch for another JetPack cannot load this one's libraries: host_rules.jetson_torch says so
     wheel = nvidia_wheel_mismatch(view, error)
     if wheel is not None:
         return [wheel]
@@ -203,11 +205,17 @@ def import_broken(view: FactsView) -> list[Finding]:
     return [Finding(
         "TORCH_IMPORT_BROKEN", "fail", "torch is installed but `import torch` fails.",
         evidence={"import_error": error, "traceback_tail": (view.torch or {}).get("traceback", "")[-800:]},
-        fix=[f"%pip install --force-reinstall torch=={view.torch_version}" if view.torch_version else
-             "%pip install --force-reinstall torch", RESTART,
-             "Do not mix conda's pytorch and pip's torch in one environment."],
+        fix=[*_reinstall_lines(view), "Do not mix conda's pytorch and pip's torch in one environment."],
         refs=["pytorch#29544"], layer=LAYER_BUILD,
     )]
+
+
+def _reinstall_lines(view: FactsView) -> list[str]:
+    """The same torch again from PyPI; on a Jetson PyPI has no build for it (nor NVIDIA's versions): its JetPack's."""
+    if view.jetson:
+        return pip_fix_lines(view)
+    return [f"%pip install --force-reinstall torch=={view.torch_version}" if view.torch_version else
+            "%pip install --force-reinstall torch", RESTART]
 
 
 MISSING_LIBRARY = re.compile(r"lib([A-Za-z]+)[\w.]*?\.so(?:\.\d+)*: cannot open shared object file")

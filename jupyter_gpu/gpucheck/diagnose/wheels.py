@@ -221,8 +221,10 @@ class InstallAdvice:
     pip_command: str | None
     driver_alternative: str | None
     reason: str
+    # Where no pip command can say it (a Jetson's wheel folder, its container): lines to show beside the command.
+    notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -310,10 +312,13 @@ def _unsupported_gpus(base: str | None, ccs: list[tuple[int, int]]) -> InstallAd
 
 
 def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]], installed_torch: str | None,
-                      with_torchvision: bool = False, with_torchaudio: bool = False, rocm: bool = False
-                      ) -> InstallAdvice:
-    """The catalogue's §5.3 algorithm: the wheel to install for this driver and these GPUs."""
+                      with_torchvision: bool = False, with_torchaudio: bool = False, rocm: bool = False,
+                      jetson: bool = False, l4t: str | None = None) -> InstallAdvice:
+    """The catalogue's §5.3 algorithm: the wheel to install for this driver and these GPUs. On a Jetson (`jetson`,
+    with its L4T release when known) none of those wheels runs: NVIDIA's build for its JetPack instead."""
     companions = (with_torchvision, with_torchaudio)
+    if jetson:
+        return jetson_install(l4t, companions)
     minor = release_minor(installed_torch) if installed_torch else None
     installed_rel = RELEASES.get(minor) if minor else None
     base = base_version(installed_torch) if installed_torch else None
@@ -381,3 +386,190 @@ def recommend_install(*, driver_cuda: int | None, gpu_ccs: list[tuple[int, int]]
     else:
         why = f"torch {spec} is the newest release with a build ({v.suffix}) for a CUDA {drv_str} driver"
     return _advice(rel, spec, v.suffix, companions, alt, why[0].upper() + why[1:] + ".")
+
+
+# -- Jetson (L4T): torch is built per JetPack, never from the CUDA indexes above --------------------------------------
+
+JETSON_PYTORCH_GUIDE = "https://docs.nvidia.com/deeplearning/frameworks/install-pytorch-jetson-platform/index.html"
+JETSON_REDIST = "https://developer.download.nvidia.com/compute/redist/jp/"
+JETSON_FORUM = "https://forums.developer.nvidia.com/t/pytorch-for-jetson/72048"
+JETSON_AI_LAB = "https://pypi.jetson-ai-lab.io/"
+# L4T's major release is JetPack's; a few exact pairs from NVIDIA's JetPack archive, where the minor release matters.
+JETPACK_OF_L4T_MAJOR = {"32": "4", "34": "5", "35": "5", "36": "6", "38": "7"}
+JETPACK_OF_L4T = {"32.1.0": "4.2", "32.2.1": "4.2.2", "32.3.1": "4.3", "32.4.3": "4.4", "32.4.4": "4.4.1",
+                  "32.5.0": "4.5", "32.5.1": "4.5.1", "32.6.1": "4.6", "32.7.1": "4.6.1", "35.1.0": "5.0.2",
+                  "35.2.1": "5.1", "35.3.1": "5.1.1", "35.4.1": "5.1.2", "35.5.0": "5.1.3", "35.6.0": "5.1.4",
+                  "36.2.0": "6.0 DP", "36.3.0": "6.0", "36.4.0": "6.1", "36.4.3": "6.2", "36.4.4": "6.2.1",
+                  "38.2.0": "7.0"}
+# The kernel each JetPack boots: inside a container it is still the host's, while /etc/nv_tegra_release is the image's.
+L4T_MAJOR_OF_KERNEL = {(4, 9): "32", (5, 10): "35", (5, 15): "36", (6, 8): "38"}
+# The GPUs' own code in Jetson builds (TX1/Nano, TX2, Xavier, Orin, Thor under CUDA 12 and 13); x86 and server (SBSA)
+# wheels carry none of them, but cu130's sm_110 (Thor's, whose JetPack 7 runs the SBSA userspace).
+JETSON_ARCHS = frozenset({"sm_53", "sm_62", "sm_72", "sm_87", "sm_101", "sm_110"})
+_MISSING_CUDA_LIBRARY = re.compile(
+    r"lib(cudart|cublasLt|cublas|nvrtc|cudnn)\.so\.(\d+)(?:\.(\d+))?: cannot open shared")
+
+
+@dataclass(frozen=True)
+class JetPackStack:
+    """What one L4T release ships for CUDA programs: NVIDIA builds torch against exactly this."""
+
+    first_l4t: tuple[int, int]
+    cuda: tuple[int, int]
+    cudnn: int
+    gpus: tuple[tuple[int, int], ...]  # the compute capabilities this JetPack supports
+    sbsa: bool = False  # JetPack 7 runs the server (SBSA) CUDA userspace
+
+    @property
+    def cuda_text(self) -> str:
+        return f"{self.cuda[0]}.{self.cuda[1]}"
+
+
+# Newest first (NVIDIA's JetPack archive and release notes): JetPack 4.2-4.3 CUDA 10.0/cuDNN 7, 4.4-4.6 CUDA
+# 10.2/cuDNN 8, 5.x CUDA 11.4/cuDNN 8, 6.0 CUDA 12.2/cuDNN 8.9, 6.1-6.2 CUDA 12.6/cuDNN 9.3, 7 CUDA 13.0/cuDNN 9.
+JETPACK_STACKS = (
+    JetPackStack((38, 0), (13, 0), 9, ((11, 0),), sbsa=True),
+    JetPackStack((36, 4), (12, 6), 9, ((8, 7),)),
+    JetPackStack((36, 0), (12, 2), 8, ((8, 7),)),
+    JetPackStack((34, 0), (11, 4), 8, ((7, 2), (8, 7))),
+    JetPackStack((32, 4), (10, 2), 8, ((5, 3), (6, 2), (7, 2))),
+    JetPackStack((32, 0), (10, 0), 7, ((5, 3), (6, 2), (7, 2))),
+)
+
+
+def _release(l4t: str | None) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", l4t or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def jetpack_stack(l4t: str | None) -> JetPackStack | None:
+    """The stack of an L4T release ("36.4.3"); of a major alone ("36": a host known by its kernel), its newest."""
+    release = _release(l4t) or (_release(f"{l4t}.99") if (l4t or "").isdigit() else None)
+    return next((s for s in JETPACK_STACKS if release and release >= s.first_l4t), None)
+
+
+def jetpack_name(l4t: str | None) -> str | None:
+    return JETPACK_OF_L4T.get(l4t or "") or JETPACK_OF_L4T_MAJOR.get((l4t or "").split(".")[0])
+
+
+def l4t_major_of_kernel(kernel_release: str | None) -> str | None:
+    """The host's L4T major from its kernel ("5.15.148-tegra": 36); None for a kernel that is not L4T's."""
+    m = re.match(r"(\d+)\.(\d+)\.\d+.*tegra", kernel_release or "")
+    return L4T_MAJOR_OF_KERNEL.get((int(m.group(1)), int(m.group(2)))) if m else None
+
+
+def jetpack_built_for(cuda: tuple[int, int]) -> str | None:
+    """The JetPack whose CUDA a Jetson build's CUDA is: (11, 4) -> "JetPack 5"; None where no JetPack ships it."""
+    if cuda[0] == 10:
+        return "JetPack 4.2-4.3" if cuda[1] == 0 else "JetPack 4.4-4.6"
+    return {11: "JetPack 5", 12: "JetPack 6", 13: "JetPack 7"}.get(cuda[0])
+
+
+def missing_library_need(import_error: str | None) -> tuple[str, str, tuple[int, int] | int] | None:
+    """The CUDA or cuDNN a missing library's soname asks for: ("libcudnn.so.8", "cudnn", 8), ("libcudart.so.10.0",
+    "cuda", (10, 0)); libraries whose soname does not follow CUDA's version (cufft, curand...) tell nothing."""
+    m = _MISSING_CUDA_LIBRARY.search(import_error or "")
+    if m is None:
+        return None
+    name, major, minor = m.group(1), int(m.group(2)), m.group(3)
+    soname = f"lib{name}.so.{major}" + (f".{minor}" if minor else "")
+    if name == "cudnn":
+        return soname, "cudnn", major
+    # Before CUDA 11 the sonames carry the minor (libcudart.so.10.2); from 11 only the major.
+    return soname, "cuda", (major, int(minor) if minor and major < 11 else -1)
+
+
+@dataclass(frozen=True)
+class JetsonFit:
+    """Whether torch is a build for the JetPack this Jetson runs: fits True, False, or None (cannot tell)."""
+
+    fits: bool | None
+    build: str  # the build, in words, for a headline
+    why: str  # the evidence that decided it
+
+
+def _cuda_matches(need: tuple[int, int], have: tuple[int, int]) -> bool:
+    # CUDA 10's libraries are versioned by major.minor; from 11 a build needs its major's libraries.
+    return need[0] == have[0] and (need[0] >= 11 or need[1] in (-1, have[1]))
+
+
+def jetson_build_fit(*, l4t: str | None, torch_version: str | None, torch_cuda: str | None,
+                     arch_flags: list[str], import_error: str | None, cpu_only: bool) -> JetsonFit:
+    """Decide whether this torch is built for this JetPack from what the build says of itself: its CUDA, its GPU code,
+    its version's label and, when the import failed, the library it could not load. No guess from the version
+    number alone: NVIDIA's own wheels (".nv23.06"), the Jetson AI Lab's ("2.5.0") and source builds all count."""
+    if cpu_only:
+        return JetsonFit(False, "a CPU-only build", "it has no CUDA at all")
+    stack = jetpack_stack(l4t)
+    label = local_variant(torch_version or "") or ""
+    jetson_code = sorted(JETSON_ARCHS & set(arch_flags))
+    sbsa_label = re.fullmatch(r"cu\d+", label) is not None
+    if stack is None:
+        return JetsonFit(None, "a build", f"L4T release {l4t or 'unknown'} is not in the JetPack table")
+    try:
+        cuda = parse_cuda_version(torch_cuda) if torch_cuda else None
+    except ValueError:
+        cuda = None
+    if not stack.sbsa and (sbsa_label or (arch_flags and not jetson_code)):
+        shown = " ".join(arch_flags) or f"+{label}"
+        return JetsonFit(False, f"a server (SBSA) aarch64 CUDA {torch_cuda or ''} build".replace("  ", " "),
+                         f"it has no Jetson GPU code ({shown}); its CUDA libraries are SBSA's, not L4T's")
+    if cuda is not None and not _cuda_matches(cuda, stack.cuda):
+        nvidia = ".nv" in (torch_version or "")
+        built_for = jetpack_built_for(cuda) if jetson_code or nvidia else None
+        whose = "NVIDIA's Jetson build" if nvidia else "a Jetson build" if jetson_code else "a build"
+        return JetsonFit(False, f"{whose} for CUDA {torch_cuda}" + (f" ({built_for})" if built_for else ""),
+                         f"this JetPack has CUDA {stack.cuda_text}")
+    need = missing_library_need(import_error)
+    if need is not None:
+        soname, kind, version = need
+        wrong = version != stack.cudnn if kind == "cudnn" else not _cuda_matches(version, stack.cuda)  # type: ignore[arg-type]
+        if wrong:
+            return JetsonFit(False, "a build for another JetPack",
+                             f"{soname} is missing: this JetPack has CUDA {stack.cuda_text} and cuDNN {stack.cudnn}")
+    if arch_flags and not any(arch_supports(arch_flags, cc) for cc in stack.gpus):
+        return JetsonFit(False, f"a build without code for this JetPack's GPUs ({' '.join(arch_flags)})",
+                         "no architecture in it runs here")
+    if cuda is None:
+        return JetsonFit(None, "a build", "its CUDA version is unknown")
+    if jetson_code or ".nv" in (torch_version or "") or stack.sbsa:
+        return JetsonFit(True, f"a Jetson build for CUDA {torch_cuda}", f"this JetPack has CUDA {stack.cuda_text}")
+    return JetsonFit(None, f"a CUDA {torch_cuda} build", "nothing in it says whether it is built for a Jetson")
+
+
+def _jetson_index(l4t: str | None) -> str | None:
+    """The Jetson AI Lab's pip index for this JetPack: JetPack 6 by its CUDA, JetPack 7 (SBSA) cu130."""
+    stack = jetpack_stack(l4t)
+    if stack is None or stack.cuda[0] < 12:
+        return None
+    if stack.sbsa:
+        return JETSON_AI_LAB + "sbsa/cu130"  # the jp7 index is empty (pollen-robotics/microduck_rl#38)
+    return JETSON_AI_LAB + f"jp6/cu{stack.cuda[0]}{stack.cuda[1]}"
+
+
+def jetson_install(l4t: str | None, companions: tuple[bool, bool] = (False, False)) -> InstallAdvice:
+    """NVIDIA's torch for the JetPack of this L4T release: a pip index where NVIDIA keeps one (JetPack 6 and 7),
+    else its wheel folder or forum thread, and its container."""
+    stack, named = jetpack_stack(l4t), jetpack_name(l4t)
+    jetpack = f"JetPack {named}" if named else "this JetPack"
+    index = _jetson_index(l4t)
+    pkgs = ["torch", *(["torchvision"] if companions[0] else []), *(["torchaudio"] if companions[1] else [])]
+    cmd = f"%pip install --force-reinstall {' '.join(pkgs)} --index-url {index}" if index else None
+    notes = []
+    if stack is not None and stack.cuda[0] == 10:
+        notes.append(f"NVIDIA's wheels for {jetpack} (CUDA {stack.cuda_text}, Python 3.6) are listed in {JETSON_FORUM}")
+    elif stack is None or stack.cuda[0] == 11 or not index:
+        notes.append(f"NVIDIA's wheel for {jetpack} (L4T R{l4t or '?'}) from {JETSON_REDIST}, as "
+                     f"{JETSON_PYTORCH_GUIDE} describes.")
+    else:
+        notes.append(f"Or NVIDIA's wheel for {jetpack} from {JETSON_REDIST}, as {JETSON_PYTORCH_GUIDE} describes.")
+    if stack is None or stack.cuda[0] < 12:
+        notes.append(f"Or run Jupyter in NVIDIA's container for this release: nvcr.io/nvidia/l4t-pytorch "
+                     f"(tag r{l4t or '<L4T>'}-pth*).")
+    elif not stack.sbsa:
+        notes.append("Or run Jupyter in NVIDIA's container for JetPack 6: nvcr.io/nvidia/pytorch:<yy.mm>-py3-igpu.")
+    cuda = f"CUDA {stack.cuda_text}" if stack else "its CUDA"
+    why = f"On a Jetson, torch must be NVIDIA's build for {jetpack} ({cuda}); PyPI's and download.pytorch.org's " \
+          "aarch64 wheels are CPU-only or built for server (SBSA) GPUs."
+    return InstallAdvice("", index.rsplit("/", 2)[-2] + "/" + index.rsplit("/", 1)[-1] if index else None, index,
+                         cmd, None, why, tuple(notes))
