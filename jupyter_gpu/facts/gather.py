@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -180,12 +181,25 @@ def gather_facts(
     wanted, reason = torch_probe_decision(snapshot)
     if wanted or force_torch_probe:
         snapshot["torch"], snapshot["probe"]["torch"] = torch_probe.answer(snapshot, reason)
+        libcuda_in_machine_paths(ctx, snapshot["torch"])
     else:
         torch_probe.cancel()
         snapshot["torch"], snapshot["probe"]["torch"] = None, {"ran": False, "reason": reason, "cached": False}
     snapshot["notebook"] = notebook
     snapshot["gather_s"] = round(time.monotonic() - started, 3)
     return snapshot
+
+
+def libcuda_in_machine_paths(ctx: ProbeContext, torch: dict[str, Any] | None) -> None:
+    """The libcuda the child loaded, named as the checked machine names it: under a root other than / (a mounted
+    image, a test's fake machine) the loader found it inside that root, as the host files are read there."""
+    api = (torch or {}).get("driver_api") or {}
+    path = api.get("path")
+    # The loader maps the real file, so the root is also compared as its real path.
+    for root in {str(ctx.root).rstrip("/"), os.path.realpath(ctx.root).rstrip("/")}:
+        if root and isinstance(path, str) and path.startswith(root + "/"):
+            api["path"] = path[len(root):]
+            return
 
 
 def load_snapshot(path: str) -> dict[str, Any]:

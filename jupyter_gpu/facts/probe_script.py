@@ -353,6 +353,14 @@ def torch_facts():
             out["import_error"] = _error_text(exc)
             out["traceback"] = traceback.format_exc()[-4000:]
             out["warnings"] = [str(w.message) for w in caught]
+            out["driver_api"] = driver_api_facts()
+            return out
+        # After the import (which loads no libcuda of its own accord, or the one torch links) and before torch's
+        # first CUDA call: cuInit's code is then the driver's own answer, not torch's reading of it.
+        out["driver_api"] = driver_api = driver_api_facts()
+        if driver_api and driver_api.get("init_timed_out"):
+            # torch's cuInit would wait on the same stuck driver call: the driver's silence is the answer.
+            out["warnings"] = [str(w.message) for w in caught]
             return out
         try:
             cuda_facts(torch, out)
@@ -364,6 +372,81 @@ def torch_facts():
     out["warnings"] = [str(w.message) for w in caught]
     out["loaded_libraries"] = loaded_gpu_libraries()
     return out
+
+
+# The name the CUDA runtime (and so torch) asks the loader for; Windows' driver is nvcuda.dll.
+LIBCUDA = "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
+# cuInit waits on the kernel module; a GPU in a bad state can hold it for minutes. Below the probe's own timeout.
+DRIVER_INIT_TIMEOUT_S = 20.0
+
+
+def driver_api_facts():
+    """The CUDA driver API, asked directly: which libcuda the loader gives this process, its version, and cuInit's
+    CUresult code with the driver's own name for it. Every call returns a code (a stub libcuda answers 34 to all);
+    none raises, so each answer is kept as it came."""
+    import ctypes
+
+    if sys.platform == "darwin":
+        return None  # macOS has no CUDA driver
+    out = {"library": LIBCUDA}
+    try:
+        lib = ctypes.CDLL(LIBCUDA)
+    except OSError as exc:  # not found, wrong architecture, unreadable
+        out.update(loaded=False, error=str(exc))
+        return out
+    out.update(loaded=True, path=loaded_path("libcuda.so"))
+    try:
+        version = ctypes.c_int(0)
+        out["version_result"] = int(lib.cuDriverGetVersion(ctypes.byref(version)))
+        out["driver_version"] = version.value if out["version_result"] == 0 else None
+        init = lib.cuInit  # looked up here, so a missing entry point is not read as a stuck call
+        code = bounded_call(lambda: int(init(0)), DRIVER_INIT_TIMEOUT_S)
+    except AttributeError as exc:  # a library by that name without the driver API's entry points
+        out["error"] = _error_text(exc)
+        return out
+    if code is None:
+        out.update(init_result=None, init_timed_out=True, init_timeout_s=DRIVER_INIT_TIMEOUT_S)
+        return out
+    out["init_result"] = code
+    out["init_name"] = driver_error_name(lib, code)
+    if code == 0:
+        count = ctypes.c_int(0)
+        out["device_count"] = count.value if int(lib.cuDeviceGetCount(ctypes.byref(count))) == 0 else None
+    return out
+
+
+def driver_error_name(lib, code):
+    """cuGetErrorName's answer ("CUDA_ERROR_NO_DEVICE"); None where the library knows no name for it."""
+    import ctypes
+
+    name = ctypes.c_char_p()
+    try:
+        if int(lib.cuGetErrorName(int(code), ctypes.byref(name))) != 0 or not name.value:
+            return None
+    except AttributeError:
+        return None
+    return name.value.decode(errors="replace")
+
+
+def bounded_call(call, timeout_s):
+    """call() in a daemon thread; None if it has not returned in timeout_s (the thread is left to the exit)."""
+    import threading
+
+    box = []
+    worker = threading.Thread(target=lambda: box.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return box[0] if box else None
+
+
+def loaded_path(prefix):
+    """The file the loader mapped for a library (the real file, after symlinks), from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as handle:
+            paths = [line.split(None, 5)[-1].strip() for line in handle if "/" in line]
+    except OSError:
+        return None
+    return next((p for p in paths if os.path.basename(p).startswith(prefix)), None)
 
 
 def companion_import(name):

@@ -8,7 +8,7 @@ from jupyter_gpu.gpucheck.diagnose import (
     activity_rules,
     companion_rules,
     device_rules,
-    health_rules,
+    driver_api_rules,
     host_rules,
     install_rules,
 )
@@ -47,10 +47,10 @@ def verdict_line(devices: list[Device], primary: Finding | None) -> str:
 def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckReport:
     view = FactsView(snapshot)
     findings: list[Finding] = []
-    # The hardware's health first: its findings are LAYER_HARDWARE, below every software layer.
-    for rule in (*health_rules.RULES, *install_rules.RULES, *host_rules.RULES, *device_rules.RULES,
-                 *companion_rules.RULES):
+    for rule in (*install_rules.RULES, *host_rules.RULES, *device_rules.RULES, *companion_rules.RULES):
         findings.extend(rule(view))
+    # The CUDA driver's own cuInit, where the layers below have not explained it; before the last word.
+    findings.extend(driver_api_rules.driver_api_findings(view, findings))
     findings.extend(device_rules.cuda_not_available(view, findings))
     devices = usable_devices(view)
     notebook = view.notebook or {}

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose import nvml_classes
+from jupyter_gpu.gpucheck.diagnose.cuda_driver import DriverApiAnswer, driver_api_answer
 from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
 from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_snapshot
 from jupyter_gpu.snapshot_schedulers import Scheduler, current_job
@@ -270,6 +271,11 @@ class FactsView:
             if torch.get(key):
                 messages.append(torch[key])
         return messages
+
+    @cached_property
+    def driver_api(self) -> DriverApiAnswer | None:
+        """The probe child's own cuInit: its code, the libcuda the loader gave it and that file's origin."""
+        return driver_api_answer((self.torch or {}).get("driver_api"))
 
     def cuda_error_number(self) -> int | None:
         for text in self.cuda_messages:
