@@ -12,6 +12,7 @@ from typing import Any
 from jupyter_gpu.facts.context import ProbeContext
 from jupyter_gpu.facts.inkernel import gather_in_kernel
 from jupyter_gpu.facts.kernel import gather_kernel
+from jupyter_gpu.facts.libraries import library_path_facts
 from jupyter_gpu.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
 from jupyter_gpu.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
 from jupyter_gpu.facts.system import gather_system
@@ -185,6 +186,9 @@ def gather_facts(
     else:
         torch_probe.cancel()
         snapshot["torch"], snapshot["probe"]["torch"] = None, {"ran": False, "reason": reason, "cached": False}
+    if (snapshot["torch"] or {}).get("import_error"):
+        # Only then: which folders the dynamic loader searched ahead of torch's wheels, and what they hold.
+        snapshot["library_path"] = library_path_facts(ctx)
     snapshot["notebook"] = notebook
     snapshot["gather_s"] = round(time.monotonic() - started, 3)
     return snapshot

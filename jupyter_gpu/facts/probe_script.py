@@ -105,21 +105,103 @@ def package_dir(name):
     return spec, (locations[0] if locations else None)
 
 
-def companion_facts(name):
-    """torchvision or torchaudio as installed on disk: version, the torch it was built for, its version.py."""
+def companion_facts(name, records=()):
+    """torchvision or torchaudio as installed on disk: version, the torch it was built for, its version.py, and the
+    conda package that installed it (None when pip or another installer did)."""
     from importlib import metadata
 
     dists = distribution_facts(name)
     if not dists:
         return None
     pins = []
+    conda = None
     for dist in metadata.distributions(name=name):
         pins += [m.group(1) for r in dist.requires or [] for m in [TORCH_PIN.match(r)] if m]
+        conda = conda_owner(dist, records)
         break
     _, folder = package_dir(name)
     return {"version": dists[0]["version"], "location": dists[0]["location"], "installs": len(dists),
             "requires_torch": pins[0] if pins else None, "package_dir": folder,
-            "build": read_version_file(folder) if folder else None}
+            "build": read_version_file(folder) if folder else None, "conda": conda}
+
+
+# The conda packages that install torch and its companions (conda-forge splits libtorch out of pytorch).
+CONDA_TORCH_PACKAGES = ("pytorch", "torchvision", "torchaudio", "libtorch")
+
+
+def channel_name(url):
+    """"https://conda.anaconda.org/conda-forge/linux-64" -> "conda-forge"; Anaconda's own -> "defaults"."""
+    url = (url or "").rstrip("/")
+    if "repo.anaconda.com" in url or url.startswith("pkgs/"):
+        return "defaults"
+    parts = [part for part in url.split("/") if part]
+    if parts and re.fullmatch(r"(linux|osx|win|noarch)(-\w+)?", parts[-1]):
+        parts = parts[:-1]
+    return parts[-1] if parts else None
+
+
+def conda_records():
+    """conda-meta/<name>-<version>-<build>.json of the torch packages in this environment: only those files are read
+    (a conda environment holds hundreds), and a record only counts for the name it gives itself (pytorch-cuda-*.json
+    is not pytorch's)."""
+    import glob
+
+    found = []
+    for name in CONDA_TORCH_PACKAGES:
+        for path in glob.glob(os.path.join(sys.prefix, "conda-meta", name + "-*.json")):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    record = json.load(handle)
+            except (OSError, ValueError):
+                continue
+            if record.get("name") == name:
+                found.append({"name": name, "version": record.get("version"), "build": record.get("build"),
+                              "channel": channel_name(record.get("channel")),
+                              "files": set(record.get("files") or [])})
+    return found
+
+
+def conda_owner(dist, records):
+    """The conda package whose files include this distribution's METADATA (it installed it), or None."""
+    folder = getattr(dist, "_path", None)  # PathDistribution's .dist-info folder
+    if folder is None or not records:
+        return None
+    relative = os.path.relpath(os.path.join(str(folder), "METADATA"), sys.prefix).replace(os.sep, "/")
+    for record in records:
+        if relative in record["files"]:
+            return {key: record[key] for key in ("name", "version", "build", "channel")}
+    return None
+
+
+CUDA_SUFFIX = re.compile(r"-cu(\d+)$")
+
+
+def nvidia_wheel_facts():
+    """Every installed nvidia-* distribution: its CUDA major (from -cuNN; None for unsuffixed CUDA 13 names), the
+    shared libraries its RECORD lists (wheels of both majors install the same paths, nvidia/nccl/lib/libnccl.so.2),
+    and, where two CUDA majors are installed, the packages that ask for each."""
+    from importlib import metadata
+
+    wheels = {}
+    for dist in metadata.distributions():
+        name = _project(dist.metadata["Name"] or "")
+        if not name.startswith("nvidia-") or name in wheels:
+            continue
+        suffix = CUDA_SUFFIX.search(name)
+        wheels[name] = {"name": name, "version": dist.version, "cuda_major": int(suffix.group(1)) if suffix else None,
+                        "location": str(dist.locate_file("")), "required_by": [],
+                        "libraries": sorted(str(f).replace(os.sep, "/") for f in dist.files or []
+                                            if ".so" in f.name or f.name.endswith(".dll"))}
+    if len({w["cuda_major"] for w in wheels.values() if w["cuda_major"]}) > 1:
+        for dist in metadata.distributions():
+            owner = dist.metadata["Name"] or ""
+            for requirement in dist.requires or []:
+                match = NVIDIA_PIN.match(requirement.strip())
+                wheel = wheels.get(_project(match.group(1))) if match else None
+                if wheel is not None and marker_holds(match.group(3)):
+                    wheel["required_by"].append(
+                        {"name": owner, "version": dist.version, "spec": (match.group(2) or "").replace(" ", "")})
+    return list(wheels.values())
 
 
 NVIDIA_PIN = re.compile(r"^(nvidia-[A-Za-z0-9_.-]+)\s*\(?\s*(==\s*[^\s;,)]+)?\s*\)?\s*(?:;\s*(.*))?$")
@@ -190,8 +272,11 @@ def install_facts():
         out["nvidia_pins"] = nvidia_pins(metadata.requires("torch") or [])
     except metadata.PackageNotFoundError:
         out["nvidia_pins"] = []
+    out["nvidia_wheels"] = nvidia_wheel_facts()
+    records = conda_records()
+    out["conda_torch"] = next((conda_owner(dist, records) for dist in metadata.distributions(name="torch")), None)
     for companion in COMPANIONS:
-        facts = companion_facts(companion)
+        facts = companion_facts(companion, records)
         out["companions"][companion] = facts
         out[companion] = facts["version"] if facts else None
     spec, folder = package_dir("torch")

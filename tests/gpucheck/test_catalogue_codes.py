@@ -127,7 +127,8 @@ def test_ld_library_path_shadowing(check_machine):
         "__nvJitLinkAddData_12_1, version libnvJitLink.so.12"
     )
     machine = (
-        Machine(env={"LD_LIBRARY_PATH": "/usr/local/cuda-12.1/lib64"})
+        Machine(env={"LD_LIBRARY_PATH": "/usr/local/cuda-12.1/lib64"},
+                files={"/usr/local/cuda-12.1/lib64/libnvJitLink.so.12": ""})  # the toolkit's copy it loads
         .nvidia_host()
         .cuda_torch(import_error=error)
     )

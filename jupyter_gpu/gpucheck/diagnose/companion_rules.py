@@ -8,6 +8,7 @@ companions beside torch, so their error is quoted verbatim.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,10 +81,37 @@ def torch_build(view: FactsView) -> Build | None:
     return Build("cpu") if view.build_known else None
 
 
-def companion_build(view: FactsView, name: str, version: str) -> Build | None:
+# What a conda build string says a package was built for: conda-forge's cpu_mkl_py311h..., cuda126_py311h...,
+# the pytorch channel's py3.11_cuda12.1_cudnn8.9.2_0, py311_cu121 and py311_cpu, Anaconda's gpu_cuda118py311h...
+CONDA_CUDA_DOTTED = re.compile(r"cuda(\d+)\.(\d)")
+CONDA_CUDA = re.compile(r"(?:cuda_?|(?<![a-z])cu)(\d{3,})")
+
+
+def conda_build(build: str | None) -> Build | None:
+    """The wheel-index label a conda build string amounts to ("cu126", "cpu"); None when it says neither."""
+    text = (build or "").lower()
+    dotted = CONDA_CUDA_DOTTED.search(text)
+    if dotted:
+        return Build(f"cu{dotted.group(1)}{dotted.group(2)}")
+    digits = CONDA_CUDA.search(text)
+    if digits:
+        return Build(f"cu{digits.group(1)}")
+    return Build("cpu") if "cpu" in text else None
+
+
+def installed_by(facts: dict[str, Any] | None) -> str:
+    """"conda (conda-forge)" for a package conda installed (its conda-meta record owns the .dist-info), else "pip"."""
+    conda = (facts or {}).get("conda")
+    return f"conda ({conda.get('channel') or 'unknown channel'})" if conda else "pip"
+
+
+def companion_build(view: FactsView, name: str, version: str,
+                    conda: dict[str, Any] | None = None) -> Build | None:
     label = local_variant(version)
     if label:
         return Build(label)
+    if conda:  # conda's own package: its build string says what it was built for, not PyPI's default
+        return conda_build(conda.get("build"))
     # An unlabelled wheel came from PyPI: built there for the release's default CUDA on Linux x86_64, for the
     # CPU on macOS and Windows; elsewhere (aarch64 Linux) the build cannot be told from the version.
     system, machine = view.platform.get("system"), view.platform.get("machine")
@@ -132,9 +160,14 @@ def companion_mismatch(view: FactsView) -> list[Finding]:
             reasons.append(f"it was built for torch {pin}")
         elif not pin and companion_torch_minor(name, version) not in (None, release_minor(torch_version)):
             reasons.append(f"it belongs to another torch release (torch {torch_base} pairs with {name} {paired})")
-        build = companion_build(view, name, version)
+        build = companion_build(view, name, version, facts.get("conda"))
         if build is not None and build.differs_from(torch):
             reasons.append(f"it is a {build.describe()}, torch is a {torch.describe()}")
+        torch_conda = view.install.get("conda_torch")
+        # Known only in snapshots that read conda's records ("conda_torch" present, None for pip's torch).
+        if "conda_torch" in view.install and bool(torch_conda) != bool(facts.get("conda")):
+            reasons.append(f"{installed_by(facts)} installed it, torch came from "
+                           f"{installed_by({'conda': torch_conda})}")
         imported = _imported(view, name)
         if imported is not None and not imported.get("ok"):
             reasons = reasons or [f"`import {name}` fails beside this torch"]
@@ -165,18 +198,43 @@ def _finding(view: FactsView, torch: Build, torch_version: str,
     says = "fails" if failed else "will fail"
     # The error itself is quoted verbatim in the evidence (or, without the probe, the one the import gives).
     headline = ". ".join(parts) + "." + ("" if imported_fine else f" `import {names[0]}` {says} (error below).")
-    pins = " ".join(f"{name}=={paired_companion(name, torch_version)}" for name in names
-                    if paired_companion(name, torch_version))
-    fix = [f"%pip install --force-reinstall --no-deps {pins} --index-url {INDEX_BASE}{torch.label}"
-           "   # --no-deps keeps the torch you have", RESTART] if pins else [RESTART]
-    if view.install.get("conda_builds"):
-        fix.append("conda users: install torch and its companions from one channel, e.g. "
-                   f"conda install -c conda-forge {' '.join(names)}")
+    torch_conda = view.install.get("conda_torch")
+    if torch_conda:
+        fix = _conda_fix(view, torch, torch_version, names, torch_conda)
+    else:
+        pins = " ".join(f"{name}=={paired_companion(name, torch_version)}" for name in names
+                        if paired_companion(name, torch_version))
+        conda_installed = [name for name in names if _conda_record(view, name)]
+        fix = [f"%conda remove --force -y {' '.join(conda_installed)}   # conda's copy, beside pip's torch"
+               ] if conda_installed else []
+        fix += [f"%pip install --force-reinstall --no-deps {pins} --index-url {INDEX_BASE}{torch.label}"
+                "   # --no-deps keeps the torch you have", RESTART] if pins else [RESTART]
+        if view.install.get("conda_builds") and "conda_torch" not in view.install:
+            # A snapshot from before conda's records were read: how torch was installed is not known.
+            fix.append("conda users: install torch and its companions from one channel, e.g. "
+                       f"conda install -c conda-forge {' '.join(names)}")
     evidence = {f"{name} {key}": value for name, _, _, e in wrong for key, value in e.items()}
     return Finding("TORCHVISION_MISMATCH", "warn" if imported_fine else "fail", headline, evidence=evidence,
                    fix=fix, refs=["pytorch#122494", "pytorch#157648"],
                    # Compatibility, not the GPU question: a driver or visibility failure explains the verdict first.
                    layer=LAYER_COMPAT)
+
+
+def _conda_record(view: FactsView, name: str) -> dict[str, Any] | None:
+    return ((view.install.get("companions") or {}).get(name) or {}).get("conda")
+
+
+def _conda_fix(view: FactsView, torch: Build, torch_version: str, names: list[str],
+               torch_conda: dict[str, Any]) -> list[str]:
+    """torch came from conda: its companions come from the same channel, by conda (a pip index would mix the two)."""
+    channel = torch_conda.get("channel") or "conda-forge"
+    from_pip = [name for name in names if not _conda_record(view, name)]
+    specs = [f"{name}={paired_companion(name, torch_version)}" if paired_companion(name, torch_version) else name
+             for name in names]
+    if channel == "pytorch" and torch.kind == "cpu":
+        specs.append("cpuonly")  # the pytorch channel's CPU builds are chosen through this package
+    fix = [f"%pip uninstall -y {' '.join(from_pip)}   # pip's copy, beside conda's torch"] if from_pip else []
+    return [*fix, f"%conda install -c {channel} {' '.join(specs)} -y", RESTART]
 
 
 RULES = (companion_mismatch,)

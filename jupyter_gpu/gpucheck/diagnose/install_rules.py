@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from jupyter_gpu.gpucheck.diagnose import library_rules
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, advice_evidence, pip_fix_lines, torch_not_for_this_jetson
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.models import LAYER_BUILD, LAYER_KERNEL, Finding
@@ -188,20 +189,17 @@ def import_broken(view: FactsView) -> list[Finding]:
         return []
     if torch_not_for_this_jetson(view):
         return []  # a torch for another JetPack cannot load this one's libraries: host_rules.jetson_torch says so
+    # The shared-library layer (library_rules.py): a wheel of the other CUDA major, then torch's own wheel at
+    # another version than its pin, then a folder of LD_LIBRARY_PATH that holds the library.
+    stray = library_rules.stray_wheel(view, error)
+    if stray is not None:
+        return [stray]
     wheel = nvidia_wheel_mismatch(view, error)
     if wheel is not None:
         return [wheel]
-    ld_path = view.paths.library_search_path(view.env)
-    if ld_path and ("undefined symbol" in error or "cannot open shared object" in error):
-        return [Finding(
-            "LD_LIBRARY_PATH_SHADOWING", "fail",
-            "torch fails to import because LD_LIBRARY_PATH puts other CUDA libraries ahead of the ones "
-            "torch ships with.",
-            evidence={"import_error": error, "LD_LIBRARY_PATH": ld_path},
-            fix=["Remove these entries from LD_LIBRARY_PATH (also in the kernelspec \"env\" and ~/.bashrc): "
-                 + ", ".join(ld_path), "%env LD_LIBRARY_PATH=", RESTART],
-            refs=["infiniflow/ragflow#4466", "pytorch#111469"], layer=LAYER_BUILD,
-        )]
+    shadowing = library_rules.ld_library_path_shadowing(view, error)
+    if shadowing is not None:
+        return shadowing
     return [Finding(
         "TORCH_IMPORT_BROKEN", "fail", "torch is installed but `import torch` fails.",
         evidence={"import_error": error, "traceback_tail": (view.torch or {}).get("traceback", "")[-800:]},
