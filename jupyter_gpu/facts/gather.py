@@ -16,7 +16,7 @@ from jupyter_gpu.facts.libraries import library_path_facts
 from jupyter_gpu.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
 from jupyter_gpu.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
 from jupyter_gpu.facts.system import gather_system
-from jupyter_gpu.snapshot_schedulers import VARIABLES as SCHEDULER_VARIABLES
+from jupyter_gpu.snapshot_schedulers import ACCESS_VARIABLES
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"
@@ -26,16 +26,17 @@ SCHEMA_VERSION = 2
 # GPU machine would, from a fresh `jupyter-gpu check` process.
 FORCE_TORCH_PROBE_VARIABLE = "JUPYTER_GPU_FORCE_TORCH_PROBE"
 
-RELEVANT_ENV: tuple[str, ...] = (
+RELEVANT_ENV: tuple[str, ...] = tuple(dict.fromkeys((
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
     "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HSA_OVERRIDE_GFX_VERSION", "LD_LIBRARY_PATH",
     "CUDA_HOME", "CUDA_PATH", "PYTORCH_NVML_BASED_CUDA_CHECK", "CUDA_LAUNCH_BLOCKING",
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_LOADING", "PYTHONPATH", "PYTHONNOUSERSITE",
     "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "JPY_PARENT_PID", "VSCODE_PID", "COLAB_RELEASE_TAG",
     "KAGGLE_KERNEL_RUN_TYPE", "WSL_DISTRO_NAME", "KUBERNETES_SERVICE_HOST",
-    # What the job schedulers set inside a job, and when it was given GPUs (snapshot_schedulers.py).
-    *SCHEDULER_VARIABLES,
-)
+    # Who may open the GPU (snapshot_schedulers.py): what the job schedulers set inside a job and when it was given
+    # GPUs, Kubernetes' service variable, a JupyterHub server's variables, WSL's.
+    *ACCESS_VARIABLES,
+)))
 
 
 def file_gpu_evidence(system: dict[str, Any], build: dict[str, Any] | None) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from jupyter_gpu import snapshot_schedulers as access
 from jupyter_gpu.gpucheck.diagnose import nvml_classes
 from jupyter_gpu.gpucheck.diagnose.driver_api_rules import compat_answered
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, jetson_fit, jetson_l4t, pip_fix_lines
@@ -96,6 +97,8 @@ def no_gpu(view: FactsView) -> list[Finding]:
         evidence["/.dockerenv"] = (f"present, but / is {hosting.get('root_filesystem')}, a disk this machine booted "
                                    "from: a machine made from a Docker image, not a container")
     cpu_note = _cpu_note(view)
+    if hosting.get("wsl"):
+        return [wsl_without_gpu_bridge(view, cpu_note)]  # /dev/dxg is absent here (returned above where present)
     if hosting.get("colab") or hosting.get("kaggle"):
         where = "Colab" if hosting.get("colab") else "Kaggle"
         fix = (["Runtime → Change runtime type → Hardware accelerator: GPU, then run the notebook again."]
@@ -127,9 +130,7 @@ def no_gpu(view: FactsView) -> list[Finding]:
             fix=["srun --gres=gpu:1 --pty jupyter lab --no-browser --ip=0.0.0.0   "
                  "(or pick a GPU profile in JupyterHub)"], layer=LAYER_HOST)]
     fix = ["Run this notebook on a machine or cloud instance with an NVIDIA GPU."]
-    if hosting.get("wsl"):
-        fix = ["WSL: install or update the NVIDIA driver on Windows (not inside WSL), then `wsl --shutdown`."]
-    elif LOGIN_HOSTNAME.search(hostname):
+    if LOGIN_HOSTNAME.search(hostname):
         fix.append("This looks like a login node: start Jupyter inside a GPU job.")
     if view.cpu_only_build:
         fix += ["There, install a CUDA build of torch:", *pip_fix_lines(view)]
@@ -179,6 +180,8 @@ def driver_unreachable(view: FactsView) -> list[Finding]:
     job = view.batch_job
     if job is not None and not view.job_gpu_allocation:
         return []  # job_given_no_gpu: the job asked for none
+    if _platform_withheld(view):
+        return []  # container_given_no_gpu: the pod or the Hub's spawner gave this container none
     if view.in_container:
         fix = ["This container cannot open the host's GPUs: start it with them.",
                *_container_gpu_fix(view.hosting, view.env.get("NVIDIA_VISIBLE_DEVICES"))]
@@ -219,10 +222,85 @@ def job_given_no_gpu(view: FactsView) -> list[Finding]:
         return []
     absent = (*scheduler.gpu_variables, "CUDA_VISIBLE_DEVICES")
     evidence.update({scheduler.job_variables[0]: job_id, **{name: view.env.get(name) or "unset" for name in absent}})
+    fix, spawned = list(scheduler.request), ""
+    if view.hub_server:
+        # batchspawner submitted this job for a JupyterHub: the user restarts the server with a GPU, the Hub's
+        # admins set the request (jupyterhub/batchspawner#170); a job the user submits would not be this server.
+        evidence["JUPYTERHUB_API_URL"] = view.env.get("JUPYTERHUB_API_URL")
+        spawned = ", which JupyterHub started for this server,"
+        fix = [*access.hub_request(scheduler.hub_setting), *(line for line in fix if "JupyterHub" not in line)]
     return [Finding(
         scheduler.code, "fail",
-        f"This {scheduler.name} job ({job_id}) was given no GPU: {'; '.join(reasons)}{_cpu_note(view)}.",
-        evidence=evidence, fix=list(scheduler.request), refs=list(scheduler.refs), layer=LAYER_HOST)]
+        f"This {scheduler.name} job ({job_id}){spawned} was given no GPU: {'; '.join(reasons)}{_cpu_note(view)}.",
+        evidence=evidence, fix=fix, refs=list(scheduler.refs), layer=LAYER_HOST)]
+
+
+def _platform_withheld(view: FactsView) -> bool:
+    """A pod or a JupyterHub server's container on a GPU node that reached it no GPU (not a batch job's: the
+    scheduler's rule says that)."""
+    return view.gpu_node_withheld and view.batch_job is None and bool(view.hosting.get("kubernetes")
+                                                                       or view.hub_server)
+
+
+def _withheld_evidence(view: FactsView) -> dict:
+    env = view.env
+    seen = {"kubernetes": "KUBERNETES_SERVICE_HOST=" + env["KUBERNETES_SERVICE_HOST"]
+            if env.get("KUBERNETES_SERVICE_HOST") else view.hosting.get("kubernetes") or None,
+            "JupyterHub server": env.get("JUPYTERHUB_API_URL") and f"JUPYTERHUB_API_URL={env['JUPYTERHUB_API_URL']}",
+            "NVIDIA_VISIBLE_DEVICES": env.get("NVIDIA_VISIBLE_DEVICES", "unset"),
+            "pci_gpus": [g["address"] for g in view.nvidia_pci] or None,
+            "/proc/driver/nvidia/version": "present (the node's driver is loaded)"
+            if view.driver.get("proc_version_text") else "absent",
+            "/dev/nvidia*": [p for p in view.device_nodes if p.startswith("/dev/nvidia")] or "none",
+            "libcuda.so.1": [lib["path"] for lib in (view.driver.get("libraries") or {}).get("libcuda.so.1") or []]
+            or "none", "nvml": view.nvml.get("error") or f"{len(view.nvml_devices)} GPUs"}
+    return {name: value for name, value in seen.items() if value is not None}
+
+
+def _node_gpu(view: FactsView, where: str = "node") -> str:
+    version = view.driver.get("kernel_module_version")
+    if view.driver_loaded_on_host:
+        return f"the {where}'s NVIDIA driver is loaded{f' ({version})' if version else ''}"
+    return f"the {where} has an NVIDIA GPU"
+
+
+def container_given_no_gpu(view: FactsView) -> list[Finding]:
+    """A Kubernetes pod or a JupyterHub server's container on a GPU node, given no GPU: the device plugin allocated
+    none (no nvidia.com/gpu limit), or allocated one that the runtime never put in (no nvidia runtime class), or the
+    Hub's spawner asked for none. The fix is that platform's request, never the host's set-up its user cannot run."""
+    if not _platform_withheld(view):
+        return []
+    evidence, node, cpu_note = _withheld_evidence(view), _node_gpu(view), _cpu_note(view)
+    refs = ["NVIDIA/k8s-device-plugin#440", "jupyterhub/kubespawner#93", "jupyterhub/dockerspawner#244"]
+    hub = " (the pod of this JupyterHub server)" if view.hub_server else ""
+    if view.hosting.get("kubernetes"):
+        allocated = view.pod_gpu_allocation
+        if allocated:
+            fix = list(access.RUNTIME_CLASS)
+            if view.hub_server:
+                fix = ["This is the Hub's set-up: ask its administrators to set c.KubeSpawner.extra_pod_config = "
+                       '{"runtimeClassName": "nvidia"} (or the lines below for the cluster).', *fix]
+            return [Finding(
+                "KUBERNETES_GPU_NOT_INJECTED", "fail",
+                f"NVIDIA's device plugin allocated {allocated} to this Kubernetes pod{hub}, but the container runtime "
+                f"did not put it in (no /dev/nvidia* device, no driver libraries): the pod runs without the nvidia "
+                f"runtime{cpu_note}.", evidence=evidence, fix=fix,
+                refs=["canonical/microk8s-core-addons#400", *refs[:1]], layer=LAYER_HOST)]
+        why = (f"; NVIDIA_VISIBLE_DEVICES={view.env['NVIDIA_VISIBLE_DEVICES'] or chr(34) * 2} asks the NVIDIA "
+               "runtime for none" if access.requests_no_gpu(view.env) else "")
+        fix = (access.hub_request(access.KUBESPAWNER_SETTING) if view.hub_server else list(access.POD_REQUEST))
+        return [Finding(
+            "KUBERNETES_POD_WITHOUT_GPU", "fail",
+            f"This Kubernetes pod{hub} was given no GPU: {node}, but no nvidia.com/gpu was allocated to its container"
+            f"{why}, so no GPU device reached it{cpu_note}.", evidence=evidence, fix=fix,
+            refs=["skypilot-org/skypilot#5823", *refs], layer=LAYER_HOST)]
+    engine = view.hosting.get("docker") or view.hosting.get("podman")
+    setting = access.DOCKERSPAWNER_SETTING if engine else "the GPU request of the Hub's spawner"
+    return [Finding(
+        "JUPYTERHUB_SERVER_WITHOUT_GPU", "fail",
+        f"JupyterHub started this server's container without a GPU: {_node_gpu(view, 'machine')}, but no GPU device "
+        f"reached it{cpu_note}.",
+        evidence=evidence, fix=access.hub_request(setting), refs=refs[2:], layer=LAYER_HOST)]
 
 
 # Drivers an NVIDIA GPU's PCI function can be bound to for the NVIDIA driver's own use; any other holds it for
@@ -526,6 +604,46 @@ def jetson_torch(view: FactsView) -> list[Finding]:
         evidence=evidence, fix=fix, refs=[JETSON_PYTORCH_GUIDE], layer=LAYER_HOST)]
 
 
+WSL_GUIDE = "https://learn.microsoft.com/windows/wsl/tutorials/gpu-compute"
+
+
+def wsl_without_gpu_bridge(view: FactsView, cpu_note: str) -> Finding:
+    """WSL without its GPU bridge (/dev/dxg): no Windows driver reaches it. WSL 1 has no GPU at all; a WSL 2 kernel
+    older than GPU support (4.19.121) needs WSL updated; a newer one without the bridge is Windows' side (a build
+    without GPU support for WSL) or a custom kernel, which only Windows' own commands tell apart."""
+    release = view.hosting.get("kernel_release") or "unknown"
+    distro = view.env.get("WSL_DISTRO_NAME") or "<distribution>"
+    evidence = {"kernel_release": release, "/dev/dxg": "absent", "WSL_DISTRO_NAME": view.env.get("WSL_DISTRO_NAME"),
+                "nvml": view.nvml.get("error") or view.nvml.get("status")}
+    if view.wsl_generation == 1:
+        return Finding(
+            "WSL1_NO_GPU", "fail",
+            f"This is WSL 1 (kernel {release}): only WSL 2 passes the GPU to Linux{cpu_note}.", evidence=evidence,
+            fix=["wsl -l -v   # in PowerShell: the VERSION column says 1 for this distribution",
+                 f"wsl --set-version {distro} 2   # in PowerShell: convert it to WSL 2, then run %gpucheck again"],
+            refs=["microsoft/WSL#5554", WSL_GUIDE], layer=LAYER_HOST)
+    version = view.kernel_version
+    update = ["wsl --update   # in PowerShell: the current WSL and its kernel",
+              "wsl --shutdown   # in PowerShell, then open WSL again: /dev/dxg must be there"]
+    if version is not None and version < access.WSL_GPU_KERNEL:
+        return Finding(
+            "WSL_WITHOUT_GPU_SUPPORT", "fail",
+            f"This WSL 2 has no GPU bridge (/dev/dxg): its kernel {release} is older than WSL's GPU support "
+            f"(4.19.121){cpu_note}.", evidence=evidence,
+            fix=[*update, "GPUs in WSL need Windows 11 or Windows 10 21H2 or later: winver shows yours, Windows "
+                          "Update brings it."],
+            refs=["microsoft/WSL2-Linux-Kernel#126", "microsoft/DirectML#22", WSL_GUIDE], layer=LAYER_HOST)
+    return Finding(
+        "WSL_WITHOUT_GPU_SUPPORT", "fail",
+        f"This WSL 2 has no GPU bridge (/dev/dxg), although its kernel {release} is new enough for one: Windows "
+        f"offers it no GPU (a Windows build without GPU support for WSL) or the kernel is a custom one without "
+        f"it; which, only Windows tells{cpu_note}.", evidence=evidence,
+        fix=["wsl --version   # in PowerShell: WSL's and Windows' versions (the old inbox WSL answers with its usage)",
+             "winver   # GPUs in WSL need Windows 11 or Windows 10 21H2 (build 19044) or later",
+             *update, "A kernel= line in %UserProfile%\\.wslconfig names a custom kernel: remove it to use WSL's own."],
+        refs=["microsoft/WSL#6617", WSL_GUIDE], layer=LAYER_HOST)
+
+
 def wsl_no_windows_cuda(view: FactsView) -> list[Finding]:
     """WSL 2 with its GPU bridge (/dev/dxg) but without the Windows driver's CUDA (/usr/lib/wsl/lib/libcuda.so.1):
     the Windows NVIDIA driver is missing or too old for CUDA on WSL."""
@@ -604,6 +722,7 @@ def wrong_vendor_build(view: FactsView) -> list[Finding]:
 
 # Hardware faults first: a lost GPU or an ECC error explains CUDA's other complaints, never the reverse.
 RULES = (no_gpu, jetson_torch, gpu_bound_elsewhere, gpu_lost, gpu_fault, nvml_unknown_error, gpu_ecc_error,
-         job_given_no_gpu, driver_unreachable, driver_not_loaded, driver_library_mismatch, uvm_missing,
+         job_given_no_gpu, container_given_no_gpu, driver_unreachable, driver_not_loaded, driver_library_mismatch,
+         uvm_missing,
          permission_denied, fabric_manager, forward_compat, wsl_no_windows_cuda, wsl_linux_driver, rocm,
          wrong_vendor_build)

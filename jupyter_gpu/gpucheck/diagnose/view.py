@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from jupyter_gpu import snapshot_schedulers as access
 from jupyter_gpu.gpucheck.diagnose import nvml_classes
 from jupyter_gpu.gpucheck.diagnose.cuda_driver import DriverApiAnswer, driver_api_answer
 from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
@@ -216,6 +217,34 @@ class FactsView:
         """The variables by which the scheduler gave this job GPUs (empty: it asked for none, or no job)."""
         job = self.batch_job
         return job[0].allocation(self.env) if job is not None else {}
+
+    @property
+    def hub_server(self) -> bool:
+        """A single-user server a JupyterHub spawned: its spawner, not the user, decides what it was given."""
+        return access.in_hub_server(self.env)
+
+    @property
+    def pod_gpu_allocation(self) -> str | None:
+        """In a Kubernetes pod: the GPUs NVIDIA's device plugin allocated to this container (snapshot_schedulers)."""
+        return access.plugin_allocation(self.env) if self.hosting.get("kubernetes") else None
+
+    @property
+    def gpu_node_withheld(self) -> bool:
+        """A container on a machine with NVIDIA GPUs that reached it none: the node's GPU shows through what no
+        runtime hides (its PCI device in /sys, the module in /proc and /sys), yet no /dev/nvidiaN is here and NVML
+        counts no GPU. Not WSL, whose GPU comes through /dev/dxg."""
+        node_gpu = bool(self.nvidia_pci or self.driver.get("proc_version_text"))
+        return (self.in_container and node_gpu and not self.nvidia_gpu_nodes and not self.hosting.get("wsl")
+                and not (self.nvml_ok and self.nvml_devices))
+
+    @property
+    def wsl_generation(self) -> int | None:
+        """1 or 2 by WSL's kernel release (4.4.0-19041-Microsoft is WSL 1); None outside WSL or unknown."""
+        return access.wsl_generation(self.hosting.get("kernel_release")) if self.hosting.get("wsl") else None
+
+    @property
+    def kernel_version(self) -> tuple[int, ...] | None:
+        return access.kernel_version(self.hosting.get("kernel_release"))
 
     @property
     def jetson(self) -> dict[str, Any] | None:
