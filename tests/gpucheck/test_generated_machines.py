@@ -1,8 +1,8 @@
 """%gpucheck over several hundred generated machines (issue 49): every layer's states combined
 (tests/fixtures/machine_space.py), each diagnosed by the product from a facts snapshot, no probe child.
 
-For each machine: exactly one headline, and the text, HTML and JSON say the same; no printed fix that the machine's
-own state rules out (the reasons come from the state, not from the product's gate).
+For each machine: exactly one headline, the first broken layer's, and the text, HTML and JSON say the same; no
+printed fix that the machine's own state rules out (the reasons come from the state, not from the product's gate).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import pytest
 from machine_space import machine_states
 
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
+from jupyter_gpu.gpucheck.diagnose.layers import BLIND, LAYERS, layer_of
+from jupyter_gpu.models import LAYER_LAST_ERROR
 
 MACHINES = machine_states(480)
 
@@ -44,6 +46,13 @@ def test_one_headline_no_impossible_fix_same_in_every_surface(machine):
             primary.headline, report.verdict)
     codes = report.codes
     assert len(codes) == len(set(codes)), codes
+    # ... and it is the first broken layer, from the hardware up (every finding about the machine has one).
+    for finding in report.findings:
+        assert finding.layer >= LAYER_LAST_ERROR or finding.code in BLIND or layer_of(finding.code), finding.code
+    failing = [layer_of(f.code) for f in report.findings if f.severity == "fail" and layer_of(f.code)]
+    if failing and primary is not None and primary.code not in BLIND:
+        first = min(failing, key=LAYERS.index)
+        assert layer_of(primary.code) == first, f"{machine}: headline {primary.code}, yet {first.name} fails"
 
     # No fix the machine rules out.
     for line in _fix_lines(report):

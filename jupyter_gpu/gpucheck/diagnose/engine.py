@@ -9,15 +9,17 @@ from jupyter_gpu.gpucheck.diagnose import (
     companion_rules,
     device_rules,
     driver_api_rules,
+    health_rules,
     host_rules,
     install_rules,
 )
 from jupyter_gpu.gpucheck.diagnose.fix_gate import gate
+from jupyter_gpu.gpucheck.diagnose.layers import BLIND, LAYERS, layer_of
 from jupyter_gpu.gpucheck.diagnose.stack import build_stack
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.gpucheck.report import Device, GpuCheckReport
-from jupyter_gpu.models import Finding, order_findings, overall_status, primary_finding
+from jupyter_gpu.models import SEVERITY_RANK, Finding, order_findings, overall_status, primary_finding
 
 
 def usable_devices(view: FactsView) -> list[Device]:
@@ -47,7 +49,9 @@ def verdict_line(devices: list[Device], primary: Finding | None) -> str:
 def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckReport:
     view = FactsView(snapshot)
     findings: list[Finding] = []
-    for rule in (*install_rules.RULES, *host_rules.RULES, *device_rules.RULES, *companion_rules.RULES):
+    # The hardware's health first: its findings are LAYER_HARDWARE, below every software layer.
+    for rule in (*health_rules.RULES, *install_rules.RULES, *host_rules.RULES, *device_rules.RULES,
+                 *companion_rules.RULES):
         findings.extend(rule(view))
     # The CUDA driver's own cuInit, where the layers below have not explained it; before the last word.
     findings.extend(driver_api_rules.driver_api_findings(view, findings))
@@ -66,7 +70,7 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
     ))
     last_cell = activity_rules.last_long_cell(view)
     findings.extend(activity_rules.low_utilization(last_cell))
-    findings = gate(_dedupe(order_findings(findings)), view)  # no rule prints a fix around the gate
+    findings = gate(by_layer(_dedupe(order_findings(findings))), view)  # no rule prints a fix around the gate
     return GpuCheckReport(
         status=overall_status(findings),
         verdict=verdict_line(devices, None if devices else primary_finding(findings)),
@@ -77,6 +81,18 @@ def diagnose(snapshot: dict[str, Any], *, verbose: bool = False) -> GpuCheckRepo
         verbose=verbose,
         stack=build_stack(view, last_cell),
     )
+
+
+def by_layer(findings: list[Finding]) -> list[Finding]:
+    """The first broken layer of the machine, from the hardware up, gives the headline (layers.LAYERS); findings of
+    no machine layer (the notebook's) follow in their own order. Stable: within a layer, the rules' order holds."""
+    def rank(finding: Finding) -> tuple[int, int]:
+        layer = layer_of(finding.code)
+        if finding.code in BLIND:
+            return SEVERITY_RANK[finding.severity], -1
+        return SEVERITY_RANK[finding.severity], LAYERS.index(layer) if layer else len(LAYERS) + finding.layer
+
+    return sorted(findings, key=rank)
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:

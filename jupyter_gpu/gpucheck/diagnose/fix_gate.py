@@ -118,7 +118,7 @@ def _gpu_faulted(view: FactsView) -> str | None:
 
 def torch_from_conda(view: FactsView) -> bool:
     """torch came from a conda package (conda-meta records it, or its .dist-info says conda installed it)."""
-    if view.install.get("conda_builds"):
+    if view.install.get("conda_builds") or view.install.get("conda_torch"):
         return True
     dists = view.install.get("distributions") or []
     return bool(dists) and str(dists[0].get("installer") or "").lower() in ("conda", "mamba")
@@ -144,6 +144,12 @@ def _no_cuda_wheels_for_platform(view: FactsView) -> str | None:
     if machine and machine not in ("x86_64", "amd64", "aarch64", "arm64"):
         return f"this machine is {machine}: download.pytorch.org has no CUDA wheel for it"
     return None
+
+
+def _not_jetson(view: FactsView) -> str | None:
+    if view.jetson:
+        return None
+    return "this is not a Jetson (no /etc/nv_tegra_release)"
 
 
 def _docker_desktop(view: FactsView) -> str | None:
@@ -203,6 +209,10 @@ FIX_KINDS: tuple[FixKind, ...] = (
             PIP_CUDA_PLATFORM),
     FixKind("a CUDA nvidia-* wheel from PyPI", re.compile(r"\bpip3? install\b.*\bnvidia-[a-z-]+-cu\d+"),
             PIP_CUDA_PLATFORM),
+    FixKind("a Jetson AI Lab wheel", re.compile(r"jetson-ai-lab\.(io|dev)"), (
+        Precondition("a Jetson", _not_jetson),)),
+    FixKind("conda's CUDA build of torch", re.compile(r"\bconda install\b.*pytorch=\*=cuda"), (
+        Precondition("not a Jetson", _jetson),)),
     FixKind("the NVIDIA Container Toolkit", re.compile(
         r"\bnvidia-ctk\b|nvidia-container-toolkit|--gpus\b|--device nvidia\.com/gpu"), (
         Precondition("a Linux or WSL 2 host with an NVIDIA GPU (not macOS, not Docker Desktop's VM on it)",
@@ -210,9 +220,13 @@ FIX_KINDS: tuple[FixKind, ...] = (
     FixKind("the Windows driver for WSL", re.compile(r"NVIDIA driver on Windows|driver on Windows"), (
         Precondition("WSL 2 or Windows", _not_wsl),
         Precondition("a WSL with GPU support (/dev/dxg present)", _wsl_without_gpu_bridge))),
+    FixKind("WSL's own commands", re.compile(r"\bwsl (--update|--set-version|--shutdown|--version|-l)\b"), (
+        Precondition("WSL 2 or Windows", _not_wsl),)),
     FixKind("unset CUDA_VISIBLE_DEVICES", re.compile(
         r"\bunset CUDA_VISIBLE_DEVICES\b|del os\.environ\[.CUDA_VISIBLE"), (
         Precondition("CUDA_VISIBLE_DEVICES not set by a job scheduler", _scheduler_set_visible_devices),)),
+    # A container's or a job's user passes a reset on to the host's operator: the command is still the right one.
+    FixKind("reset the GPU", re.compile(r"\bnvidia-smi (-r|--gpu-reset)\b"), (LINUX_HOST,)),
     FixKind("remount /dev/shm", re.compile(r"remount,size=.*/dev/shm"), (
         Precondition("not inside a container", _no_shm_remount_in_container),)),
     FixKind("the host's device permissions", re.compile(r"\busermod -aG\b|DeviceAllow|systemd.*device"), (

@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 
 from jupyter_gpu import snapshot_schedulers as access
-from jupyter_gpu.gpucheck.diagnose import nvml_classes
+from jupyter_gpu.gpucheck.diagnose import health_rules, nvml_classes
 from jupyter_gpu.gpucheck.diagnose.driver_api_rules import compat_answered
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, jetson_fit, jetson_l4t, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.gpucheck.diagnose.wheels import JETSON_PYTORCH_GUIDE, jetpack_name, missing_library_need
-from jupyter_gpu.models import LAYER_HOST, Finding
+from jupyter_gpu.models import LAYER_HARDWARE, LAYER_HOST, Finding
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
 NVML_DRIVER_NOT_LOADED = 9
@@ -481,13 +481,15 @@ def gpu_lost(view: FactsView) -> list[Finding]:
     return [Finding(
         "GPU_LOST_OR_XID", "fail",
         f"{which} stopped responding: NVML answers {what} (it fell off the bus or stopped answering its driver, "
-        "Xid 79). This is the hardware or its power, not the software: no reinstall helps.",
+        "Xid 79). This is the hardware or its power, not the software: no reinstall helps."
+        + health_rules.health_headline(view, lost_devices),
         evidence={"nvml": view.nvml.get("error"), "lost_devices": lost_devices or None, "torch": message,
                   "nvml_answers": {i: view.gpu_faults[i][1] for i in lost_devices} or None,
                   "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent",
-                  "sys_module_nvidia_uvm": view.driver.get("sys_module_nvidia_uvm")},
+                  "sys_module_nvidia_uvm": view.driver.get("sys_module_nvidia_uvm"),
+                  **health_rules.gpu_health_evidence(view, lost_devices)},
         fix=[*_hardware_fix(lost_devices), "The cause is in the kernel log: sudo dmesg | grep -i xid"],
-        layer=LAYER_HOST)]
+        layer=LAYER_HARDWARE)]
 
 
 def gpu_fault(view: FactsView) -> list[Finding]:
@@ -501,22 +503,26 @@ def gpu_fault(view: FactsView) -> list[Finding]:
     said = "; ".join(f"GPU {i}: {answer!r}" for i, (_, answer) in sorted(faults.items()))
     if reset:
         headline = (f"GPU {', '.join(map(str, reset))} needs a reset: NVML answers {said}. Until it is reset (or the "
-                    "machine rebooted) no process can use it.")
+                    "machine rebooted) no process can use it." + health_rules.health_headline(view, reset))
         fix = [*_hardware_fix(reset), "What put it there is in the kernel log: sudo dmesg | grep -i xid "
                                       "(Xid 48, 63, 64: memory errors and row remapping)"]
     else:
-        headline = (f"GPU {', '.join(map(str, unknown))} does not answer NVML ({said}): the kernel log says why.")
+        told = health_rules.health_headline(view, unknown)  # the kernel log or the PCIe link, where they say
+        headline = f"GPU {', '.join(map(str, unknown))} does not answer NVML ({said})" + (
+            "." + told if told else ": the kernel log says why.")
         index = ",".join(map(str, unknown))
         fix = ["sudo dmesg | grep -i xid   # Xid 79 or 119: the GPU fell off the bus or its firmware stopped "
                "answering; Xid 48, 63, 64: memory errors",
                f"nvidia-smi -q -i {index}   # what the driver itself says of it",
                "Then, for an Xid of the hardware: " + HARDWARE_FAULT_FIX[0].format(index=index) + "; or reboot"]
+        fix = health_rules.health_fix(view, unknown) or fix  # the log was read: its Xid's own action
     return [Finding("GPU_FAULT", "fail", headline,
                     evidence={"nvml_answers": {i: answer for i, (_, answer) in faults.items()},
                               "classes": {i: fault for i, (fault, _) in faults.items()},
                               "torch": view.message_containing("CUDA unknown error"),
-                              "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent"},
-                    fix=fix, refs=["https://docs.nvidia.com/deploy/xid-errors/"], layer=LAYER_HOST)]
+                              "/dev/nvidia-uvm": "present" if "/dev/nvidia-uvm" in view.device_nodes else "absent",
+                              **health_rules.gpu_health_evidence(view, sorted(faults))},
+                    fix=fix, refs=["https://docs.nvidia.com/deploy/xid-errors/"], layer=LAYER_HARDWARE)]
 
 
 def nvml_unknown_error(view: FactsView) -> list[Finding]:

@@ -31,8 +31,13 @@ TORCH_BUILD = Layer("torch_build", "the torch build and who installed it", "pyth
 LIBRARIES = Layer("libraries", "the shared libraries torch loads",
                   "LD_DEBUG=libs python -c 'import torch' 2>&1 | grep -i -e 'not found' -e error | head")
 
-# Hardware outranks software: the order a reader walks them in.
-LAYERS = (HEALTH, PCI, MODULE, ACCESS, NVML, CUDA_DRIVER, TORCH_BUILD, LIBRARIES)
+# Hardware outranks software: the order a reader walks them in. A torch that cannot load its libraries is broken
+# before its build is read: the import fails first.
+LAYERS = (HEALTH, PCI, MODULE, ACCESS, NVML, CUDA_DRIVER, LIBRARIES, TORCH_BUILD)
+
+# Findings that say the check could not look (the kernel's interpreter did not run, the torch probe hung): every
+# layer's answer is unknown behind them, so they come first.
+BLIND = frozenset({"KERNEL_PROBE_FAILED", "TORCH_PROBE_TIMEOUT"})
 
 # Every machine-level finding code's layer. Notebook and usage findings (the user's code) have none: their fixes
 # are edits to the notebook, which no machine fact contradicts.
@@ -54,8 +59,8 @@ CODE_LAYER: dict[str, Layer] = {
     **dict.fromkeys(("FORWARD_COMPAT_UNSUPPORTED", "DRIVER_TOO_OLD_FOR_WHEEL", "CUDA_MINOR_VERSION_COMPAT",
                      "CUDA_NOT_AVAILABLE", "CUDA_INIT_ERROR", "CUDA_DRIVER_STUB", "FORWARD_COMPAT_MISMATCH",
                      "CUDA_DRIVER_INIT_FAILED"), CUDA_DRIVER),
-    **dict.fromkeys(("KERNEL_PROBE_FAILED", "TORCH_NOT_INSTALLED", "KERNEL_ENV_MISMATCH", "SHADOWED_TORCH_INSTALL",
-                     "STALE_TORCH_IMPORT", "TORCH_PROBE_TIMEOUT", "CPU_ONLY_BUILD", "JETSON_NEEDS_JETPACK_TORCH",
+    **dict.fromkeys(("TORCH_NOT_INSTALLED", "KERNEL_ENV_MISMATCH", "SHADOWED_TORCH_INSTALL",
+                     "STALE_TORCH_IMPORT", "CPU_ONLY_BUILD", "JETSON_NEEDS_JETPACK_TORCH", "JETSON_TORCH_BUILD_UNKNOWN",
                      "GPU_ARCH_TOO_OLD_FOR_WHEEL", "GPU_ARCH_TOO_NEW_FOR_WHEEL", "PTX_TOOLCHAIN_TOO_NEW",
                      "TORCHVISION_MISMATCH"), TORCH_BUILD),
     **dict.fromkeys(("TORCH_IMPORT_BROKEN", "NVIDIA_WHEEL_MISMATCH", "LD_LIBRARY_PATH_SHADOWING",
