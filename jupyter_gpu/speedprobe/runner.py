@@ -413,7 +413,7 @@ class _Probe:
         return decide.judge(format_name, relative_difference(update, reference), tolerance,
                             run.losses[:steps], baseline.losses[:steps], failure=failure, unjudged=unjudged,
                             update_scale=update_scale(update, reference),
-                            drift_limit=decide.loss_limit(self.rounded_drift.get(format_name)),
+                            drift_limit=decide.loss_limit(self.rounded_drift.get(format_name), format_name),
                             update_note=update_note, compared=self.compared)
 
     # -- the result -------------------------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ def test_the_loss_may_drift_as_far_as_training_carries_rounding() -> None:
     assert decide.loss_limit(None) == decide.LOSS_DRIFT_LIMIT
     assert decide.loss_limit(0.001) == decide.LOSS_DRIFT_LIMIT
     assert decide.loss_limit(0.02) == pytest.approx(0.08)
+    # A loss computed in bf16 is itself rounded: four units of bf16's roundoff (1.6%); fp16's four (0.2%) stay under 1%.
+    assert decide.loss_limit(None, "bfloat16") == pytest.approx(4 * 2.0 ** -8)
+    assert decide.loss_limit(0.001, "float16") == decide.LOSS_DRIFT_LIMIT
     assert decide.judge("bfloat16", 0.2, 0.6, drifted, LOSSES, update_scale=0.98, drift_limit=0.08).agrees is True
     wrong = decide.judge("bfloat16", 0.2, 0.6, drifted, LOSSES, update_scale=0.98)
     assert wrong.agrees is False and "limit 1%" in wrong.failure
