@@ -592,7 +592,10 @@ def test_apply_runs_the_loop_again_with_the_loader_dataprobe_recommends(ip) -> N
     assert applied is not None and applied.after is not None
     assert any(title.startswith("loader: ") and "worker" in title for title in applied.applied), applied.applied
     assert any(command == "%dataprobe loader --step profile_step --seconds 4" for command in applied.checked)
-    assert any(command.startswith("%speedprobe profile_train_step") for command in applied.checked)
+    # %speedprobe ran on the step: its verdicts were used, or, where other processes shared the cores while it timed
+    # (a clean clone's timing lane runs two files at a time), it said so and nothing of it was applied.
+    assert any(command.startswith("%speedprobe profile_train_step") for command in applied.checked) or any(
+        why.startswith("not judged: other processes") for _, why in applied.left_out), applied.left_out
     # The wait per step falls; its share need not (with 2 workers the loop still waits on a sleep-bound loader).
     assert applied.after.data_share * applied.after.seconds < applied.before.data_share * applied.before.seconds
     assert applied.speedup is not None and applied.speedup > 1.3  # a sleep-bound loader: workers overlap the sleeps
