@@ -80,6 +80,7 @@ class Run:
     compute_dtypes: dict[str, int] = field(default_factory=dict)  # counted step: compute operators by input dtype
     random_in_forward: bool = False  # counted step: a model's forward drew random numbers
     notes: list[str] = field(default_factory=list)
+    refused: str | None = None  # why the option cannot run on this step, found only as it ran (a closure's step)
     error: str | None = None
     loss_note: str | None = None
     outputs: list[Any] | None = None  # the first step's model outputs, host float32 (subsampled), in call order
@@ -203,6 +204,8 @@ class StepRunner:
                     if sizes is not None:
                         record.gradient_rms = sizes.per_parameter()
                 except StepRaised as raised:
+                    if isinstance(raised.__cause__, variants.ClosureStepRefused):
+                        record.refused = str(raised.__cause__)  # not the step's fault: the option cannot apply
                     record.error = str(raised)
                     break
                 if index < warmup:

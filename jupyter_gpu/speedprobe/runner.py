@@ -371,6 +371,8 @@ class _Probe:
     # -- one configuration's trial --------------------------------------------------------------------------------
 
     def _trial(self, name: str, members: tuple[str, ...], run: Run, extra_times: Sequence[float] = ()) -> OptionTrial:
+        if run.refused is not None:
+            return OptionTrial(name, members, skipped=run.refused, forward_only=self.setting.forward_only)
         times = [*run.times, *extra_times]
         seconds = statistics.median(times) if times else None
         baseline_seconds = self.baseline.seconds if self.baseline is not None else seconds

@@ -104,6 +104,10 @@ def why_not(name: str, setting: StepSetting) -> str | None:
             return own
         if setting.device_type not in ("cuda", "cpu"):
             return f"autocast is tried on CUDA and the CPU; this model is on {setting.device}"
+        if name == "amp-fp16":
+            closure = next((opt for opt in setting.objects.optimizers if _step_needs_closure(opt)), None)
+            if closure is not None:
+                return closure_refused(closure)
         if name == "amp-bf16" and cuda and not getattr(torch.version, "hip", None):
             # torch.cuda.is_bf16_supported() asks the current device, not the step's; its rule is the same:
             # compute capability 8.0 or newer (below that, bfloat16 is emulated, slower than float32).
@@ -435,6 +439,26 @@ def _same_fingerprint(torch: Any, before: tuple[tuple[bool, ...], Any], after: t
     return bool(torch.equal(before[1], after[1]))
 
 
+def _step_needs_closure(optimizer: Any) -> bool:
+    """The optimizer's step takes a closure it cannot do without (LBFGS: `step(self, closure)`, no default)."""
+    try:
+        parameter = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def closure_refused(optimizer: Any) -> str:
+    """Why fp16 cannot be tried on a step that steps `optimizer` through a closure."""
+    return (f"GradScaler cannot step an optimizer through a closure ({type(optimizer).__name__}.step(closure)): "
+            "torch's GradScaler.step refuses closures (\"Closure use is not currently supported if GradScaler is "
+            "enabled\"), so fp16 needs the step rewritten without one; bf16 autocast needs no GradScaler")
+
+
+class ClosureStepRefused(RuntimeError):
+    """The step stepped its optimizer through a closure under the probe's GradScaler (see `closure_refused`)."""
+
+
 def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Scaling) -> None:
     # An LR scheduler has already put its own wrapper on the instance: keep it and put it back afterwards.
     previous = optimizer.__dict__.get("step", _MISSING)
@@ -444,6 +468,10 @@ def _route_step_through_scaler(applied: Applied, optimizer: Any, scaling: Fp16Sc
     # "has been overridden after learning rate scheduler initialization".
     @functools.wraps(inner_step)
     def step_through_scaler(*args: Any, **kwargs: Any) -> Any:
+        if not scaling.inside_scaler and (args or kwargs.get("closure") is not None):
+            # An optional closure (SGD's, SAM's): it would run its backward scaled and step on gradients no
+            # GradScaler unscaled, and GradScaler.step itself refuses a closure. Say so; never judge fp16 on it.
+            raise ClosureStepRefused(closure_refused(optimizer))
         if scaling.inside_scaler or not scaling.scaled_backwards:
             return inner_step(*args, **kwargs)  # GradScaler.step calling back in, or nothing was scaled
         _check_untouched(applied.setting.torch, scaling, optimizer)
