@@ -38,7 +38,59 @@ def free(what: list[str], namespace: MutableMapping[str, Any], shell: Any | None
     if keywords:
         raise GpuMemError(f"--free {keywords[0]} goes alone; free variables in a separate call "
                           f"(--free {' '.join(w for w in what if w not in KEYWORDS)})")
+    holders = [name for name in what if name not in namespace]
+    if holders and len(holders) == len(what):
+        return free_holders(torch, holders, namespace, shell)
+    if holders:
+        variables = " ".join(name for name in what if name not in holders)
+        raise GpuMemError(f"--free {holders[0]} empties a holder in place and --free {variables} deletes variables: "
+                          "free them in separate calls")
     return free_names(torch, what, namespace, shell)
+
+
+def free_holders(torch: Any, holders: list[str], namespace: MutableMapping[str, Any], shell: Any | None
+                 ) -> FreeReport:
+    """`--free Encoder.embed` or `--free failures[3]`: run the line the map offers for a holder it names (the
+    cache's `cache_clear()`, the exception's `with_traceback(None)`, the generator's `close()`), which empties it
+    in place and keeps the variable. Only a line the map built from a typeable path is run."""
+    from jupyter_gpu.gpumem.runner import cache_releases
+
+    before_walk, before = _measure(torch, namespace, shell)
+    offered = {release.target: release for release in cache_releases(before_walk, _all_devices(before_walk))}
+    missing = [name for name in holders if name not in offered]
+    if missing:
+        known = ", ".join(sorted(offered)) or "none"
+        raise GpuMemError(f"there is no variable {missing[0]!r} in the notebook, and no holder by that name that "
+                          f"%gpumem can empty in place (holders it can empty now: {known})")
+    lines = [offered[name].line for name in holders]
+    prefixes = tuple(prefix for name in holders for prefix in _release_prefixes(before_walk, offered[name].line))
+    for line in lines:
+        exec(compile(line, "<%gpumem --free>", "exec"), namespace)  # the line a user would type, in their notebook
+    gc.collect()
+    after_walk = walk_notebook(torch, namespace, shell)
+    still: list[StillHeld] = []
+    for key, was in sorted(before_walk.storages.items(), key=lambda item: -item[1].bytes):
+        emptied = next((name for name in was.names if name.startswith(prefixes)), None)
+        record = after_walk.storages.get(key)
+        if emptied is not None and record is not None:
+            still.append(StillHeld(path=emptied, bytes=was.bytes, held_by=tuple(record.names)))
+    notes = [CACHED_BLOCKS] if cuda_initialized(torch) else []
+    return FreeReport(target=", ".join(holders), before=tuple(before), after=tuple(levels(torch, after_walk)),
+                      released=tuple(lines), still_held=tuple(still), notes=tuple(notes),
+                      next_time=tuple(f"{line} empties {offered[name].holder}; {offered[name].keeps}"
+                                      for name, line in zip(holders, lines, strict=True)))
+
+
+def _release_prefixes(walk: NotebookWalk, line: str) -> tuple[str, ...]:
+    target = line.rsplit(".", 1)[0]
+    if line.endswith(".cache_clear()"):
+        return (f"{target}.cache[",)
+    return next((prefixes for offered, prefixes, _, _ in walk.releasable if offered == line), ())
+
+
+def _all_devices(walk: NotebookWalk) -> set[str]:
+    return {record.device for record in walk.storages.values()}
+
 
 
 def free_outputs(torch: Any, namespace: MutableMapping[str, Any], shell: Any | None) -> FreeReport:
@@ -145,5 +197,3 @@ def _holding(walk: NotebookWalk, holder_matches: Callable[[str, str], bool]) -> 
 
 def _is_output(holder: str, kind: str) -> bool:
     return kind == OUTPUT
-
-

@@ -81,6 +81,7 @@ class Release:
     holder: str                    # what it empties, in words: "the lru_cache of class_prototype"
     bytes: int                     # the storages named under the holder (another name may keep some alive)
     keeps: str = ""                # what stays: "the function stays"
+    target: str = ""               # the holder's path, which `%gpumem --free` accepts: "class_prototype"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -65,7 +65,7 @@ def notebook_roots(namespace: Mapping[str, Any], shell: Any | None) -> list[Root
 def user_roots(namespace: Mapping[str, Any], hidden: Mapping[str, Any]) -> Iterator[Root]:
     """The user's own variables: every name except what IPython put there itself (pushed as hidden)."""
     for name, value in list(namespace.items()):
-        if not isinstance(name, str) or isinstance(value, _SCALARS) or _is_ipython_name(name, value, hidden):
+        if not isinstance(name, str) or _scalar(value) or _is_ipython_name(name, value, hidden):
             continue
         yield Root(name, USER, value, name=name)
 
@@ -83,9 +83,15 @@ def module_roots(namespace: Mapping[str, Any]) -> list[Root]:
         state = _own_module_globals(name, module, namespace, library_folders)
         for attribute, value in list(state.items()):
             if (isinstance(attribute, str) and not attribute.startswith("__")
-                    and not isinstance(value, _SCALARS + _NOT_HOLDERS)):
+                    and not issubclass(type(value), _SCALARS + _NOT_HOLDERS)):
                 found.append(Root(f"{name}.{attribute}", USER, value))
     return found
+
+
+def _scalar(value: Any) -> bool:
+    # type(), not isinstance(): isinstance reads a `__class__` that a user's object may compute (the walk runs none
+    # of the user's code).
+    return issubclass(type(value), _SCALARS)
 
 
 # A module's globals that hold no tensor the walk would look into: imported modules and classes.
@@ -146,7 +152,7 @@ def output_roots(namespace: MutableMapping[str, Any], shell: Any | None) -> list
     last = getattr(shell, "last_execution_result", None)
     found.append(Root("the last cell's result", OUTPUT, getattr(last, "result", None),
                       forget=lambda: setattr(last, "result", None)))
-    return [root for root in found if not isinstance(root.value, _SCALARS)]
+    return [root for root in found if not _scalar(root.value)]
 
 
 def forget_outputs(namespace: MutableMapping[str, Any], shell: Any | None,
@@ -189,7 +195,7 @@ def traceback_roots(shell: Any | None) -> list[Root]:
         except Exception:  # a frame proxy of a C extension: nothing to read
             continue
         for local, value in local_items:
-            if not isinstance(value, _SCALARS):
+            if not _scalar(value):
                 found.append(Root(f"last error: frame {frame.f_code.co_name}, local {local}", TRACEBACK, value))
     return found
 

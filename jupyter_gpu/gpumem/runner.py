@@ -68,15 +68,19 @@ def cache_releases(walk: NotebookWalk, devices: set[str]) -> tuple[Release, ...]
     """`f.cache_clear()` for each lru_cache'd function whose cache holds storages on `devices`, largest first.
 
     Only for a function the user can name (`featstore.embed`, not one reached through a closure or a traceback)."""
+    holders = [(f"{path}.cache_clear()", (f"{path}.cache[",), f"the lru_cache of {path}", "the function stays", path)
+               for path in walk.lru_caches]
+    # An exception's traceback (`failures[3].with_traceback(None)`), a suspended generator (`batches.close()`).
+    holders += [(line, prefixes, holder, keeps, line.rsplit(".", 1)[0]) for line, prefixes, holder, keeps
+                in walk.releasable]
     found: list[Release] = []
-    for path in walk.lru_caches:
-        if " " in path or "<" in path:
+    for line, prefixes, holder, keeps, target in holders:
+        if " " in target or "<" in target:
             continue
-        prefix = f"{path}.cache["
         size = sum(record.bytes for record in walk.storages.values() if record.device in devices and any(
-            name.startswith(prefix) for name in (*record.names, *(named for named, _ in record.path_of.values()))))
+            name.startswith(prefixes) for name in (*record.names, *(named for named, _ in record.path_of.values()))))
         if size:
-            found.append(Release(f"{path}.cache_clear()", f"the lru_cache of {path}", size, "the function stays"))
+            found.append(Release(line, holder, size, keeps, target=target))
     return tuple(sorted(found, key=lambda release: -release.bytes))
 
 

@@ -7,6 +7,12 @@ garbage collector follows (`gpumem/caches.py`), a NumPy array through numpy's ow
 counted once however many tensors (views) and names reach it; the walk keeps no reference to anything it found once
 it returns: the records hold names, sizes and data pointers only.
 
+Every kind of CPython object that can keep a reference is either walked or its bytes are named with the holder's
+type (`gpumem/holders.py` reads them): frames, tracebacks and exceptions, generators and coroutines (by
+`gi_frame.f_locals`, the path a user types), the user's own classes (a method's `lru_cache` lives there), weak-keyed
+dictionaries (by the key's own name), and C iterators such as `itertools.cycle`, whose referents only the garbage
+collector lists: what lies under one is named `train_iter (itertools.cycle)`, the holder's typeable name and type.
+
 Bounded: at most `Limits.depth` steps below a root, `Limits.items` items per container and `Limits.visits` objects
 in all; every cut is reported in `notes` so a short count is never silent.
 """
@@ -24,13 +30,23 @@ from typing import Any
 
 from jupyter_gpu.gpumem.caches import LRU_CACHE_TYPE, cache_entries
 from jupyter_gpu.gpumem.graph import GraphTooLarge, saved_tensors
+from jupyter_gpu.gpumem.holders import (
+    FRAME_OWNERS,
+    HolderReader,
+    c_iterator_label,
+    exception_children,
+    frame_children,
+    traceback_children,
+    weak_keyed_data,
+)
 from jupyter_gpu.gpumem.result import KIND_RANK, MAX_NAMES, MemoryEntry
 from jupyter_gpu.gpumem.roots import FOREIGN_PACKAGES, Root
 
 PARAMETER, BUFFER, GRADIENT, OPTIMIZER_STATE, GRAPH = (
     "parameter", "buffer", "gradient", "optimizer state", "autograd graph")
-_OPAQUE = (str, bytes, bytearray, int, float, complex, bool, type(None), type, range, memoryview, types.ModuleType,
-           types.BuiltinFunctionType, types.BuiltinMethodType, types.CodeType, types.FrameType)
+# Classes are not opaque: the user's own are walked (their dictionaries hold method caches and class attributes).
+_OPAQUE = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview, types.ModuleType,
+           types.BuiltinFunctionType, types.BuiltinMethodType, types.CodeType)
 # Module attributes the walk reads through named_parameters / named_buffers / named_modules instead.
 _MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
 
@@ -78,14 +94,15 @@ class StorageRecord:
                            address=self.address)
 
 
-def name_order(path: str, kind: str) -> tuple[int, bool, bool, int]:
+def name_order(path: str, kind: str) -> tuple[int, bool, bool, bool, int]:
     """Which of two names of one storage names it: the more specific kind (a parameter over a variable holding
     it), then the model's name for a parameter over the optimizer's slot for it (`model.encoder.linear1.weight`,
     not `opt.param_groups[0]['params'][6]`, however long) or over a list the notebook keeps it in (`decay[3]`, a
     weight-decay parameter group built by hand), then the shorter path (`kept['last']` over the hook's closure
     that also reaches it)."""
     in_a_list = kind in (PARAMETER, BUFFER, GRADIENT) and "[" in path
-    return KIND_RANK[kind], ".param_groups[" in path, in_a_list, len(path)
+    # A name with a holder's label (`it (itertools.cycle)`) cannot be typed: any typeable name goes first.
+    return KIND_RANK[kind], " (" in path, ".param_groups[" in path, in_a_list, len(path)
 
 
 @dataclass
@@ -120,6 +137,10 @@ class NotebookWalk:
         self.visits = 0
         self.notes: list[str] = []
         self.lru_caches: list[str] = []  # paths of the lru_cache'd functions walked: `f.cache_clear()` empties them
+        # (line, name prefixes it empties, holder in words, what stays) for holders a line empties in place:
+        # `failures[3].with_traceback(None)`, `batches.close()`
+        self.releasable: list[tuple[str, tuple[str, ...], str, str]] = []
+        self._holders = HolderReader()
         self._visited: dict[int, str] = {}  # id of each object looked into -> the path it was first reached by
         self._late_roots: list[tuple[str, _Origin]] = []  # roots an earlier root's walk had already looked into
         self._param_paths: dict[int, str] = {}
@@ -150,11 +171,13 @@ class NotebookWalk:
     # The walk proper -------------------------------------------------------------------------------------------
 
     def _walk_from(self, value: Any, path: str, kind: str, origin: _Origin) -> None:
-        pending: list[tuple[Any, str, int]] = [(value, path, 0)]
+        # A sealed item lies under a holder Python gives no name for (a C iterator): it and all below it carry
+        # the holder's label as their path.
+        pending: list[tuple[Any, str, int, bool]] = [(value, path, 0, False)]
         while pending:
-            item, item_path, depth = pending.pop()
+            item, item_path, depth, sealed = pending.pop()
             item_type = type(item)
-            if item_type in _OPAQUE_TYPES or isinstance(item, _OPAQUE):
+            if item_type in _OPAQUE_TYPES or issubclass(item_type, _OPAQUE):  # not isinstance: it reads __class__
                 continue
             if issubclass(item_type, self._tensor):
                 self._tensor_found(item, item_path, kind, origin)
@@ -174,14 +197,27 @@ class NotebookWalk:
                 return
             self._visited[id(item)] = item_path
             try:
-                children = self._children(item, item_type, item_path, origin)
+                children, seals = self._children(item, item_type, item_path, origin)
+                owner = self._holders.user_class(item_type)
+                if owner is not None and id(owner) not in self._visited:
+                    children.append((owner, f"type({item_path})"))  # a method's lru_cache lives on the class
             except Exception as error:  # a broken object must not stop the walk; it is counted and reported
                 self._unreadable[f"{type(error).__name__} reading a {item_type.__name__}"] = (
                     self._unreadable.get(f"{type(error).__name__} reading a {item_type.__name__}", 0) + 1)
                 continue
-            pending.extend((child, child_path, depth + 1) for child, child_path in reversed(children))
+            if sealed:
+                children = [(child, item_path) for child, _ in children]
+            pending.extend((child, child_path, depth + 1, sealed or seals) for child, child_path in reversed(children))
 
-    def _children(self, item: Any, item_type: type, path: str, origin: _Origin) -> list[tuple[Any, str]]:
+    def _children(self, item: Any, item_type: type, path: str, origin: _Origin) -> tuple[list[tuple[Any, str]], bool]:
+        """The item's children with their paths, and whether they are sealed under the item's label."""
+        label = c_iterator_label(item_type)
+        if label is not None and not issubclass(item_type, self._tensor):
+            # No attribute names what it holds: the garbage collector's referents, under the holder's label.
+            return [(child, f"{path} ({label})") for child in self._holders.referents(item)], True
+        return self._named_children(item, item_type, path, origin), False
+
+    def _named_children(self, item: Any, item_type: type, path: str, origin: _Origin) -> list[tuple[Any, str]]:
         if issubclass(item_type, self._module):
             return self._module_found(item, path, origin)
         if issubclass(item_type, self._optimizer):
@@ -201,16 +237,64 @@ class NotebookWalk:
         if item_type is functools.partial:
             return [(item.func, f"{path}.func"), *((arg, f"{path}.args[{i}]") for i, arg in enumerate(item.args)),
                     *((value, f"{path}.keywords[{key!r}]") for key, value in item.keywords.items())]
-        if item_type is types.GeneratorType:
-            frame = item.gi_frame  # None once the generator finished
-            return [] if frame is None else [(v, f"{path}.<frame>.{name}") for name, v in frame.f_locals.items()]
+        if item_type in FRAME_OWNERS:
+            return self._suspended_found(item, item_type, path)
+        if item_type is types.FrameType:
+            return frame_children(item, path, self._holders, self._visited)
+        if item_type is types.TracebackType:
+            return traceback_children(item, path, self.limits.items)
+        if issubclass(item_type, BaseException):
+            children = exception_children(item, path)
+            if any(child_path.endswith(".__traceback__") for _, child_path in children) and _typeable(path):
+                self.releasable.append((f"{path}.with_traceback(None)", (f"{path}.__traceback__",),
+                                        f"the traceback of {path}", "the exception and its message stay"))
+            return children + self._attributes(item, item_type, path)
+        if issubclass(item_type, type):
+            return self._holders.class_children(item, path) if self._holders.user_class(item) is item else []
+        if item_type is types.CellType:
+            try:
+                return [(item.cell_contents, f"{path}.cell_contents")]
+            except ValueError:
+                return []  # an empty cell
         if item_type is LRU_CACHE_TYPE:  # None without CPython's C wrapper: the walk reads the Python one's closure
             return self._lru_cache_found(item, item_type, path)
         if self._ndarray is not None and issubclass(item_type, self._ndarray):
             return self._array_found(item, item_type, path, self._ndarray)
         if item_type.__module__.split(".", 1)[0] in FOREIGN_PACKAGES:
             return []
+        weak = weak_keyed_data(item)
+        if weak is not None:  # a WeakKeyDictionary (or torch's WeakIdKeyDictionary): entries by the key's name
+            return [(value, f"{path}[{self._key_name(referent)}]") for referent, value in
+                    self._items(weak, len(weak), path)] + [
+                (value, child) for value, child in self._attributes(item, item_type, path)
+                if not child.endswith((".data", "._remove"))]
         return self._attributes(item, item_type, path)
+
+    def _suspended_found(self, item: Any, item_type: type, path: str) -> list[tuple[Any, str]]:
+        """A generator's or coroutine's suspended frame: its locals as `gen.gi_frame.f_locals['batch']`, what it
+        delegates to as `gen.gi_yieldfrom`, and what only its value stack holds (the loop's iterator) labelled."""
+        frame_name, delegate_name = FRAME_OWNERS[item_type]
+        frame = item_type.__dict__[frame_name].__get__(item)  # None once it finished
+        if frame is None:
+            return []
+        children = frame_children(frame, f"{path}.{frame_name}", self._holders, self._visited, callers=False)
+        delegate = item_type.__dict__[delegate_name].__get__(item)
+        if delegate is not None:
+            children.append((delegate, f"{path}.{delegate_name}"))
+        named = {id(child) for child, _ in children}
+        label = f"{path} ({item_type.__name__}'s suspended frame)"
+        children += [(child, label) for child in self._holders.stack_values(item, frame) if id(child) not in named]
+        if _typeable(path):
+            self.releasable.append((f"{path}.close()", (f"{path}.{frame_name}", f"{path}.{delegate_name}", label),
+                                    f"the suspended frame of {path}", "it then ends; a new one starts over"))
+        return children
+
+    def _key_name(self, referent: Any) -> str:
+        """A weak key by the name the walk reached it by (`model.fc1`), else by its type and address."""
+        known = self._visited.get(id(referent)) or self._param_paths.get(id(referent))
+        if known is not None and referent is not None:
+            return known
+        return "<dead reference>" if referent is None else f"<{type(referent).__name__} at {id(referent):#x}>"
 
     def _lru_cache_found(self, wrapper: Any, item_type: type, path: str) -> list[tuple[Any, str]]:
         """Each cached call's result as `f.cache[3]`, what its key holds as `f.cache[(<Tensor>,)].<key>`, then the
@@ -254,7 +338,7 @@ class NotebookWalk:
             state = object.__getattribute__(item, "__dict__")
         except AttributeError:
             state = None
-        if isinstance(state, dict):
+        if issubclass(type(state), dict):
             found += [(value, f"{path}.{name}") for name, value in self._items(state.items(), len(state), path)]
         for klass in item_type.__mro__:
             slots = klass.__dict__.get("__slots__", ())
@@ -417,11 +501,17 @@ _DIGITS = re.compile(r"(\d+)")
 
 def _key_text(key: Any) -> str:
     """A dict key as the user would type it: 'val', 3, (0, 1); anything else by its type."""
-    if isinstance(key, str | int | float | bool | type(None)) or (
-            isinstance(key, tuple) and all(isinstance(k, str | int) for k in key) and len(key) <= 4):
+    # type(), not isinstance(): isinstance reads a `__class__` a user's key may compute.
+    if issubclass(type(key), str | int | float | bool | type(None)) or (
+            type(key) is tuple and all(issubclass(type(k), str | int) for k in key) and len(key) <= 4):
         text = repr(key)
         return text if len(text) <= 60 else text[:57] + "..."
     return f"<{type(key).__name__}>"
+
+
+def _typeable(path: str) -> bool:
+    """A path a user can type into a cell: no label, no placeholder."""
+    return " " not in path and "<" not in path
 
 
 def _function_children(function: types.FunctionType, path: str) -> list[tuple[Any, str]]:

@@ -148,7 +148,7 @@ def test_tensors_in_containers_objects_closures_partials_slots_and_generators_ar
     }
     found = names(map_memory(namespace))
     for path in ("history['val'][3]", "history[3][0]", "queue[0]", "trainer.cache.x", "step.<closure>.buffer",
-                 "scale.args[0]", "slotted.weights", "generator.<frame>.batch", "point.x"):
+                 "scale.args[0]", "slotted.weights", "generator.gi_frame.f_locals['batch']", "point.x"):
         assert found.get(path) == "user variable", path
 
 
