@@ -14,10 +14,8 @@ images a tuple of 8 tensors, whose first dimension is an image's channels).
 from __future__ import annotations
 
 import os
-import random
-import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any
 from jupyter_gpu.dataprobe.result import WorkerMemory
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.probekit.batch_structure import leaves, mapped
+from jupyter_gpu.probekit.reach import generator_access, reach_from_loader
 
 
 class LoaderError(ValueError):
@@ -128,41 +127,38 @@ def recipe_of(loader: Any) -> LoaderRecipe:
 
 @dataclass
 class SamplerStates:
-    """The random generators of the user's sampler, batch sampler, dataset and loader, and the plain attributes of
-    the sampler and batch sampler.
+    """The random generators the user's loader reaches, and the plain attributes of its sampler and batch sampler.
 
     A RandomSampler built with a generator advances it on every epoch; a bucketing batch sampler may shuffle with
     its own `np.random.default_rng` and count epochs in an attribute; a dataset may augment with its own
-    `random.Random`. All are shared with the fresh loaders (the dataset is used in the kernel's process at
-    num_workers=0), so all are put back. The dataset's other attributes are left alone: it may cache what it loads.
+    `random.Random`, also below a `random_split`/`Subset`/`ConcatDataset`, in its transform, or from a notebook-global
+    `rng` its `__getitem__` names; a collator may mask with its own `torch.Generator`. All are shared with the fresh
+    loaders (the dataset is used in the kernel's process at num_workers=0), so every generator that
+    `probekit.reach.reach_from_loader` finds is put back. The dataset's other attributes are left alone: it may cache
+    what it loads.
     """
 
     generators: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (generator, its state, set_state)
     attributes: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)  # (object, shallow copy of __dict__)
+    paths: list[str] = field(default_factory=list)  # how the user names each generator: "full_ds.rng", "rng"
 
     @classmethod
-    def take(cls, loader: Any) -> SamplerStates:
+    def take(cls, loader: Any, namespace: Mapping[str, Any] | None = None) -> SamplerStates:
         states = cls()
         seen: set[int] = set()
-        samplers = [loader.sampler, loader.batch_sampler, getattr(loader.batch_sampler, "sampler", None)]
-        candidates = [loader.generator]
-        for owner in [*samplers, loader.dataset]:
+        for owner in [loader.sampler, loader.batch_sampler, getattr(loader.batch_sampler, "sampler", None)]:
             if owner is None or id(owner) in seen:
                 continue
             seen.add(id(owner))
             attributes = getattr(owner, "__dict__", None)
-            if not isinstance(attributes, dict):
-                continue
-            if owner is not loader.dataset:
+            if isinstance(attributes, dict):
                 states.attributes.append((owner, dict(attributes)))
-            candidates.extend(attributes.values())
-        done: set[int] = set()
-        for candidate in candidates:
-            access = _generator_access(candidate)
-            if access is not None and id(candidate) not in done:
-                done.add(id(candidate))
+        for reached in reach_from_loader(loader, namespace or {}):
+            access = generator_access(reached.value) if reached.kind == "generator" else None
+            if access is not None:
                 get_state, set_state = access
-                states.generators.append((candidate, get_state(), set_state))
+                states.generators.append((reached.value, get_state(), set_state))
+                states.paths.append(reached.path)
         return states
 
     def restore(self) -> None:
@@ -171,28 +167,6 @@ class SamplerStates:
             owner.__dict__.update(attributes)
         for _, state, set_state in self.generators:
             set_state(state)
-
-
-def _generator_access(value: Any) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
-    """(get the state, set it) of a random generator: torch.Generator, NumPy's Generator and RandomState, or
-    Python's random.Random; None for anything else. NumPy is only looked at where the kernel imported it."""
-    import torch
-
-    if isinstance(value, torch.Generator):
-        return value.get_state, value.set_state
-    if isinstance(value, random.Random):  # also random.SystemRandom, whose getstate raises: no state to keep
-        if isinstance(value, random.SystemRandom):
-            return None
-        return value.getstate, value.setstate
-    numpy = sys.modules.get("numpy")
-    if numpy is None:
-        return None
-    if isinstance(value, numpy.random.Generator):
-        bits = value.bit_generator
-        return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
-    if isinstance(value, numpy.random.RandomState):
-        return value.get_state, value.set_state
-    return None
 
 
 # -- batches --------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ import inspect
 import random
 import sys
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +59,8 @@ class Reached:
 
 @dataclass(frozen=True)
 class GlobalReference:
-    """A global name a walked function's code uses: in which namespace, and the code that names it (whether that
-    code assigns the name before reading it is `step_variables`' question)."""
+    """A global name a walked function's code (or code nested in it) uses: in which namespace, and the function's
+    code (whether that code assigns the name before reading it is `step_variables`' question)."""
 
     namespace: dict[str, Any]
     name: str
@@ -68,8 +68,10 @@ class GlobalReference:
 
 
 def reach_from_step(step: Any, namespace: Mapping[str, Any]) -> list[Reached]:
-    """Everything `step` (a callable, or a list of them: a cell's statements) reaches; see the module docstring."""
-    walk = _Walk(namespace, variables=True)
+    """Everything `step` (a callable, or a list of them: a cell's statements) reaches; see the module docstring.
+    Without a namespace, the notebook's names are read from the step's own module when it is the notebook's
+    (`__main__`): a closure factory's `optimizer` is then named `optimizer`, not `train_step_fn → optimizer`."""
+    walk = _Walk(namespace or _notebook_of(step), variables=True)
     walk.step(step)
     return list(walk.found.values())
 
@@ -82,6 +84,18 @@ def reach_from_loader(loader: Any, namespace: Mapping[str, Any]) -> list[Reached
     return list(walk.found.values())
 
 
+def _notebook_of(step: Any) -> Mapping[str, Any]:
+    for one in step if isinstance(step, list) else [step]:
+        func = one
+        while isinstance(func, functools.partial):
+            func = func.func
+        func = getattr(func, "__func__", func)
+        namespace = getattr(func, "__globals__", None) if inspect.isfunction(func) else None
+        if isinstance(namespace, dict) and namespace.get("__name__") == "__main__":
+            return namespace
+    return {}
+
+
 def step_references(step: Any) -> list[GlobalReference]:
     """The global names the step's code and the user's functions it reaches use, each (namespace, name, code)
     once: the notebook variables `step_variables` keeps, found by the same walk as `reach_from_step`."""
@@ -90,19 +104,29 @@ def step_references(step: Any) -> list[GlobalReference]:
     return walk.references
 
 
-def generator_kind(value: object) -> bool:
-    """A random generator whose state can be read and put back: torch.Generator, NumPy's Generator and
-    RandomState, Python's random.Random (not SystemRandom, which has no state)."""
+def generator_access(value: object) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """(get the state, set it) of a random generator whose state can be read and put back: torch.Generator, NumPy's
+    Generator and RandomState, Python's random.Random (not SystemRandom, which has no state); None for anything else.
+    NumPy and torch are only looked at where the kernel imported them."""
     torch = loaded_torch()
     try:
         if torch is not None and isinstance(value, torch.Generator):
-            return True
+            return value.get_state, value.set_state
         if isinstance(value, random.Random):
-            return not isinstance(value, random.SystemRandom)
+            return None if isinstance(value, random.SystemRandom) else (value.getstate, value.setstate)
         numpy = sys.modules.get("numpy")
-        return numpy is not None and isinstance(value, numpy.random.Generator | numpy.random.RandomState)
+        if numpy is not None and isinstance(value, numpy.random.Generator):
+            bits = value.bit_generator
+            return (lambda: bits.state), (lambda state: setattr(bits, "state", state))
+        if numpy is not None and isinstance(value, numpy.random.RandomState):
+            return value.get_state, value.set_state
     except Exception:  # a proxy whose __class__ raises
-        return False
+        return None
+    return None
+
+
+def generator_kind(value: object) -> bool:
+    return generator_access(value) is not None
 
 
 def _training_kinds() -> tuple[tuple[str, tuple[type, ...]], ...]:
@@ -124,10 +148,9 @@ def _not_a_variable(value: Any) -> bool:
             or isinstance(value, functools.partial))
 
 
-def _code_names(code: types.CodeType) -> Iterator[tuple[str, types.CodeType]]:
+def _code_names(code: types.CodeType) -> Iterator[str]:
     """The global names a code object and those nested in it (comprehensions, lambdas, inner functions) use."""
-    for name in code.co_names:
-        yield name, code
+    yield from code.co_names
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _code_names(const)
@@ -313,11 +336,11 @@ class _Walk:
         for key, default in (func.__kwdefaults__ or {}).items():
             self.visit(f"{path}.__kwdefaults__[{key!r}]", default, 0, calls + 1)
         namespace = func.__globals__
-        for name, where in _code_names(code):
-            key = (id(namespace), name, id(where))
+        for name in _code_names(code):
+            key = (id(namespace), name, id(code))
             if key not in self._referenced:
                 self._referenced.add(key)
-                self.references.append(GlobalReference(namespace, name, where))
+                self.references.append(GlobalReference(namespace, name, code))
             if name not in namespace:
                 continue
             value = namespace[name]

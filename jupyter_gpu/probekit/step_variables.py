@@ -5,8 +5,10 @@ with `if global_step >= max_steps: break` in its body, the step even stopped ret
 probe once the probe's calls had pushed the counter past the end.
 
 Probe layer. What counts as the step's variables: the globals its code names (`co_names`: read, rebound with
-`global`, or mutated through a method), in the step function and in the notebook functions it calls, two levels
-down (a ready step calls the lifted loop body). Training objects are left to `StateSnapshot`'s other parts, and
+`global`, or mutated through a method), in the step function and in the user's functions it reaches, as
+`probekit.reach` walks them (the functions it calls, its closures and bound methods, `reach.MAX_CALL_DEPTH` calls
+down: a ready step calls the lifted loop body), the same walk by which `training_state` finds the step's models and
+optimizers. Training objects are left to `StateSnapshot`'s other parts, and
 functions, classes and modules are not variables. Kept: the binding of each (so a rebinding is undone, and a name
 the step created is removed again); the contents of a list, dict, set, deque or bytearray (put back in place, so
 every other reference sees them too), and so for the containers inside them, three levels down (`history =
@@ -32,36 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpu.kernel_torch import loaded_torch
+from jupyter_gpu.probekit.reach import step_references
 from jupyter_gpu.probekit.user_objects import written_by_the_user
 
-MAX_DEPTH = 2              # the step, the functions it calls, and theirs
 MAX_TENSOR_ELEMENTS = 1 << 20  # a counter or a running sum, not a dataset: larger tensors are the user's data
 MAX_NESTING = 3            # containers inside containers kept: a history dict of lists, a list of per-epoch dicts
 MAX_OBJECT_NESTING = 2     # the user's object (a Trainer) and the user's objects it holds (its `self.state`)
 _ABSENT = object()
 _CONTAINERS = (list, dict, set, collections.deque, bytearray)
-
-
-def _functions(step: Any) -> Iterator[types.FunctionType]:
-    """The Python functions behind `step`: a partial's, a bound method's, a decorated function's own body."""
-    func = step
-    while isinstance(func, functools.partial):
-        func = func.func
-    if inspect.ismethod(func):
-        func = func.__func__
-    if inspect.isfunction(func):
-        yield func
-        unwrapped = inspect.unwrap(func)
-        if unwrapped is not func and inspect.isfunction(unwrapped):
-            yield unwrapped
-
-
-def _names(code: types.CodeType) -> Iterator[str]:
-    """The global names a code object and those nested in it (comprehensions, lambdas) use."""
-    yield from code.co_names
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _names(const)
 
 
 def _assigned_first(code: types.CodeType) -> set[str]:
@@ -87,29 +67,20 @@ _STORES = {"STORE_NAME", "STORE_GLOBAL", "DELETE_NAME", "DELETE_GLOBAL"}
 
 
 def step_globals(step: Any, carried_only: bool = False) -> list[tuple[dict[str, Any], str]]:
-    """(namespace, name) of every global the step's code and its notebook functions name, each once. `step` may be
-    a list of steps (a cell's statements and its last expression, each made a function of the notebook).
-    `carried_only`: not the names the code assigns before it reads them (a profiled cell's loop variables)."""
+    """(namespace, name) of every global the step's code and the user's functions it reaches name, each once, as
+    `probekit.reach` walks them (the one rule `training_state` also finds the step's objects by). `step` may be a list
+    of steps (a cell's statements and its last expression, each made a function of the notebook). `carried_only`: not
+    the names a code assigns before it reads them (a profiled cell's loop variables)."""
     found: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
-    seen: set[int] = set()
-    pending = [(func, 0) for one in (step if isinstance(step, list) else [step]) for func in _functions(one)]
-    while pending:
-        func, depth = pending.pop()
-        if id(func) in seen:
-            continue
-        seen.add(id(func))
-        namespace = func.__globals__
-        skipped = _assigned_first(func.__code__) if carried_only else set()
-        for name in _names(func.__code__):
-            if name in skipped:
+    skipped: dict[int, set[str]] = {}
+    for reference in step_references(step):
+        if carried_only:
+            code = reference.code
+            if id(code) not in skipped:
+                skipped[id(code)] = _assigned_first(code)
+            if reference.name in skipped[id(code)]:
                 continue
-            value = namespace.get(name, _ABSENT)
-            if inspect.isfunction(value) and value.__globals__ is namespace:
-                if depth < MAX_DEPTH:
-                    pending.append((value, depth + 1))
-                found.setdefault((id(namespace), name), (namespace, name))  # for the counters it keeps on itself
-                continue
-            found.setdefault((id(namespace), name), (namespace, name))
+        found.setdefault((id(reference.namespace), reference.name), (reference.namespace, reference.name))
     return list(found.values())
 
 

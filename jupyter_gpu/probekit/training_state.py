@@ -16,8 +16,6 @@ not import it (the extension loads in kernels that never use torch).
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
 import random
 import sys
 import weakref
@@ -26,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_gpu.kernel_torch import loaded_torch
+from jupyter_gpu.probekit.reach import generator_access, reach_from_step
 from jupyter_gpu.probekit.step_variables import StepVariables
 from jupyter_gpu.probekit.user_objects import holds_attributes
 
@@ -94,13 +93,14 @@ def compiled_how(module: Any) -> str | None:
 
 
 def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any] | None = None) -> TrainingObjects:
-    """Find the training objects in the user's namespace and among what `step` reaches directly.
+    """Find the training objects in the user's namespace and among what `step` reaches.
 
-    Looks at the namespace's values (not names starting with "_", not IPython's In/Out) and at the step's
-    closure cells, referenced globals, bound `self` (and its attributes), and functools.partial arguments; each
-    also one level inside dict, list and tuple values, and in the attributes of an object of the user's own class
-    (a Trainer's `self.model`: `holds_attributes`). When torch has not been imported there is nothing to
-    protect and nothing is imported.
+    Looks at the namespace's values (not names starting with "_", not IPython's In/Out), each also one level inside
+    dict, list and tuple values and in the attributes of an object of the user's own class (a Trainer's
+    `self.model`: `holds_attributes`), and at everything `probekit.reach.reach_from_step` finds from the step: its
+    closure cells, defaults, referenced globals, bound `self`, functools.partial arguments, and the same of the
+    user's functions it calls, to a fixed depth. When torch has not been imported there is nothing to protect and
+    nothing is imported.
     """
     found = TrainingObjects([], [], [], [])
     if loaded_torch() is None:
@@ -109,7 +109,14 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
     seen: set[int] = set()
     candidates = named_values(namespace)
     if step is not None:
-        candidates = _chain_candidates(candidates, _step_candidates(step, namespace))
+        # What the step reaches, by the one discovery rule every probe uses (`probekit.reach`): through the helpers,
+        # closures and bound methods it calls (the DQN tutorial's optimize_model() and its `optimizer`), not only
+        # what it names itself.
+        # A label is written into code to adopt (`net = torch.compile(net)`): a closure's object reached through a
+        # helper ("profile_step → net") is named as that code names it, by its variable.
+        reached = ((item.path.rpartition(" → ")[2], item.value) for item in reach_from_step(step, namespace)
+                   if item.kind != "variable")
+        candidates = _chain_candidates(candidates, reached)
     for label, value in candidates:
         kind = _kind_of(value, kinds)
         if kind is not None and id(value) not in seen:
@@ -200,51 +207,6 @@ def named_values(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     for name, value in list(namespace.items()):
         if isinstance(name, str) and not name.startswith("_") and name not in _HISTORY_NAMES:
             yield from _with_items(name, value)
-
-
-def _step_candidates(step: Callable[..., Any], namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """What the step reaches directly: partial arguments, bound self and its attributes, closure, globals."""
-    func: Any = step
-    if isinstance(func, functools.partial):
-        name = getattr(func.func, "__name__", "step")
-        for index, arg in enumerate(func.args):
-            yield from _with_items(f"{name} argument {index}", arg)
-        for key, arg in func.keywords.items():
-            yield from _with_items(key, arg)
-        func = func.func
-    if inspect.ismethod(func):
-        yield from _attribute_candidates(func.__self__, namespace)
-        func = func.__func__
-    elif not inspect.isfunction(func):
-        yield from _attribute_candidates(func, namespace)  # a callable object, such as a Trainer instance
-        return
-    yield from _function_candidates(func)
-    unwrapped = inspect.unwrap(func)
-    if unwrapped is not func and inspect.isfunction(unwrapped):
-        yield from _function_candidates(unwrapped)  # a decorated step (functools.wraps): the user's own body
-
-
-def _function_candidates(func: Any) -> Iterator[tuple[str, Any]]:
-    """The function's closure cells and the globals its code names."""
-    code = func.__code__
-    for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=False):
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # a cell whose variable is not assigned yet
-            continue
-        yield from _with_items(name, contents)
-    referenced_globals = func.__globals__
-    for name in code.co_names:
-        if name in referenced_globals:
-            yield from _with_items(name, referenced_globals[name])
-
-
-def _attribute_candidates(owner: object, namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """The object and its instance attributes (read from __dict__, so no property runs)."""
-    owner_name = next((name for name, value in namespace.items() if value is owner), type(owner).__name__)
-    yield owner_name, owner
-    for name, value in list(getattr(owner, "__dict__", {}).items()):
-        yield from _with_items(f"{owner_name}.{name}", value)
 
 
 def _outermost(modules: list[Any]) -> list[Any]:
@@ -575,6 +537,24 @@ class _RngState:
         return sum(_host_nbytes(state) for state in [self.cpu, *(self.cuda or []), *(self.xpu or [])])
 
 
+class _ReachedGenerators:
+    """The generators the user made that the step reaches (`probekit.reach`): a notebook's `g = torch.Generator()`
+    its batches are drawn with, a `self.rng` on the user's Trainer, a NumPy `rng` a helper it calls draws from.
+    `_RngState` keeps only the global ones, and each call of the step moves these too."""
+
+    def __init__(self, step: Any) -> None:
+        self._states = []
+        for reached in reach_from_step(step, {}):
+            access = generator_access(reached.value) if reached.kind == "generator" else None
+            if access is not None:
+                get_state, set_state = access
+                self._states.append((get_state(), set_state))
+
+    def restore(self) -> None:
+        for state, set_state in self._states:
+            set_state(state)
+
+
 def _reset_fresh_cuda_generators() -> None:
     """A trial initialised CUDA: put its generators back to how lazy initialisation left them.
 
@@ -625,6 +605,7 @@ class StateSnapshot:
         ]
         if step is not None:
             parts.append(StepVariables.take(step, {id(value) for value in objects.objects()}, whole_run))
+            parts.append(_ReachedGenerators(step))
         return cls(store, parts, _RngState())
 
     @property
