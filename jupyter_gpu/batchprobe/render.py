@@ -96,6 +96,8 @@ def summary_rows(result: BatchProbeResult) -> list[tuple[str, str]]:
         rows.append(("leak", _leak_line(result.leak)))
     elif result.leftovers:
         rows.append(("between calls", _leftover_line(result)))
+    # Checked, not meant: the restored line lists what compared equal after the probe; what moved is a warning.
+    rows.extend(("warning", line) for line in result.not_restored)
     rows.append(("restored", f"{', '.join(result.restored)} exactly as before "
                              f"(host copies held during the probe: {format_bytes(result.snapshot_bytes)})"))
     return rows

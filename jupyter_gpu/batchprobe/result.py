@@ -57,7 +57,7 @@ class BatchProbeResult(RichResult):
                                       # "ignores batch_size", "time limit" (--max-seconds: not the limit)
     memory_before: int                # bytes in use on the probed device before and after the probe
     memory_after: int
-    restored: list[str]               # what was put back: "model", "opt", "RNG", …
+    restored: list[str]               # what was put back, checked equal: "model", "opt", "RNG", …
     snapshot_bytes: int               # host memory the restore copies took during the probe
     seconds: float
     memory_model: tuple[float, float] | None = None  # peak ≈ intercept + per_sample·size, from the trials
@@ -73,6 +73,8 @@ class BatchProbeResult(RichResult):
     # The search stopped before a trial predicted to end past --max-seconds: {"seconds", "next_size",
     # "predicted_seconds", "fails_at"}; max_batch_size is then the largest size that ran, not the memory limit.
     time_limit: dict[str, Any] | None = None
+    # What moved and was not put back, each "path (kind): what moved, not restored" (probekit.fingerprint).
+    not_restored: list[str] = field(default_factory=list)
 
     @property
     def search_trials(self) -> int:

@@ -33,6 +33,7 @@ from jupyter_gpu.batchprobe.search import (
 from jupyter_gpu.batchprobe.time_limit import TimeLimit, affordable_size, predicted_seconds, worth_trying
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.cpu_contention import ContentionWatch
+from jupyter_gpu.probekit.fingerprint import GLOBAL_RNG, Fingerprint, object_claims, reach_of
 from jupyter_gpu.probekit.release import release_last_error
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
@@ -123,6 +124,10 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
         memory_before = budget.in_use()
         baseline = _holders(torch, namespace, objects, budget)
         snapshot = StateSnapshot.take(objects, step)
+        # Checksums of what the probe will claim to put back and all the walk reaches: the report says what compared
+        # equal. They hold no tensor, so the budget has nothing of theirs to exclude.
+        check = Fingerprint.take([*object_claims(objects), ("RNG", GLOBAL_RNG)], reach_of(step, None, namespace),
+                                 namespace)
         budget.exclude(snapshot.host_tensors())
         runner = _Runner(torch, step, request, budget, snapshot, progress or _silent, namespace, objects)
         # A OneCycleLR the step calls starts over at its end instead of raising (probekit/schedules.py).
@@ -148,6 +153,7 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
                 (progress or _silent)("")
         snapshot_bytes = snapshot.host_bytes
         changed = snapshot.changed_variables
+        verdict = check.verify([*objects.names(), *changed, "RNG"])  # before the "after" figure: its temporaries go
         advanced = snapshot.advanced_iterators  # read before the snapshot goes
         del snapshot, runner.snapshot  # the host copies go now: the "after" figure must not count them
         release_last_error(shell)  # collects, too
@@ -163,8 +169,8 @@ def run_probe(step: Callable[[int], Any], request: ProbeRequest | None = None, *
     if printed is not None:
         notes.append(printed)
     notes += runner.output.warning_notes()
-    return _result(runner, request, budget, [*objects.names(), *changed, "RNG"], notes, memory_before, memory_after,
-                   snapshot_bytes, time.perf_counter() - started, baseline)
+    return _result(runner, request, budget, verdict.restored, notes, memory_before, memory_after,
+                   snapshot_bytes, time.perf_counter() - started, baseline, verdict.not_restored)
 
 
 def _holders(torch: Any, namespace: dict[str, Any], objects: TrainingObjects, budget: Budget,
@@ -422,7 +428,7 @@ def _progress_line(number: int, trial: Trial, search: BatchSizeSearch, budget: i
 
 def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: list[str], notes: list[str],
             memory_before: int, memory_after: int, snapshot_bytes: int, seconds: float,
-            baseline: list[Holder]) -> BatchProbeResult:
+            baseline: list[Holder], not_restored: list[str] | None = None) -> BatchProbeResult:
     search = runner.search
     ignores = runner.leak is None and _ignores_batch_size(runner.trials, search)
     answer = 0 if runner.leak is not None or ignores else search.answer
@@ -455,6 +461,7 @@ def _result(runner: _Runner, request: ProbeRequest, budget: Budget, restored: li
         budget_bytes=budget.limit_bytes, budget_source=budget.source, margin=request.margin,
         steps=request.steps, amp=request.amp, limited_by=_limited_by(runner, ignores),
         memory_before=memory_before, memory_after=memory_after, restored=restored,
+        not_restored=list(not_restored or []),
         snapshot_bytes=snapshot_bytes, seconds=seconds, memory_model=line, notes=notes,
         interrupted=runner.interrupted,
         time_limit=runner.time_limit.to_dict() if runner.time_limit is not None else None,

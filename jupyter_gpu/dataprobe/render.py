@@ -142,7 +142,8 @@ def duplication_text(result: DataProbeResult) -> str | None:
 
 def footer_rows(result: DataProbeResult) -> list[tuple[str, str]]:
     """What was put back, and the time the probe took against its budget."""
-    rows = []
+    # Checked, not meant: the restored line lists what compared equal after the probe; what moved is a warning.
+    rows = [("warning", line) for line in result.not_restored]
     if result.restored:
         rows.append(("restored", f"{', '.join(result.restored)} exactly as before"))
     rows.append(("time", f"{format_seconds(result.seconds)} of a {format_duration(result.budget_seconds)} budget"

@@ -114,7 +114,9 @@ class DataProbeResult(RichResult):
     pitfalls: list[Finding] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # settings not tried, each with why
     notes: list[str] = field(default_factory=list)
-    restored: list[str] = field(default_factory=list)  # what was put back: "model", "opt", "RNG", ...
+    restored: list[str] = field(default_factory=list)  # what was put back, checked equal: "model", "opt", "RNG", ...
+    # What moved and was not put back, each "path (kind): what moved, not restored" (probekit.fingerprint).
+    not_restored: list[str] = field(default_factory=list)
     budget_seconds: float = 60.0
     seconds: float = 0.0
     interrupted: bool = False
@@ -155,5 +157,6 @@ class DataProbeResult(RichResult):
             "code": self.code(), "predicted": self.predicted, "verified": self.verified, "best": self.best,
             "speedup": self.speedup, "pitfalls": [finding.to_dict() for finding in self.pitfalls],
             "skipped": list(self.skipped), "notes": list(self.notes), "restored": list(self.restored),
+            "not_restored": list(self.not_restored),
             "budget_seconds": self.budget_seconds, "seconds": self.seconds, "interrupted": self.interrupted,
         }

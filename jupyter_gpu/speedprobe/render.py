@@ -138,6 +138,8 @@ def footer_rows(result: SpeedProbeResult) -> list[tuple[str, str]]:
                                 f"called {result.batches_per_step} times a step: gradient accumulation), counted "
                                 "in samples/s"))
     rows.extend(("note", note) for note in result.notes)
+    # Checked, not meant: the restored line lists what compared equal after the probe; what moved is a warning.
+    rows.extend(("warning", line) for line in result.not_restored)
     if result.restored:
         rows.append(("restored", f"{', '.join(result.restored)} exactly as before"))
     rows.append(("time", format_seconds(result.seconds) + (" (interrupted)" if result.interrupted else "")))

@@ -118,7 +118,9 @@ class SpeedProbeResult(RichResult):
     repeatability: float | None = None     # how much two baseline runs from the same state differ (relative L2)
     steps: int = 20                        # steps each configuration ran for the loss comparison
     notes: list[str] = field(default_factory=list)
-    restored: list[str] = field(default_factory=list)  # what was put back: "model", "opt", "global flags", ...
+    restored: list[str] = field(default_factory=list)  # put back, checked equal: "model", "opt", "global flags", ...
+    # What moved and was not put back, each "path (kind): what moved, not restored" (probekit.fingerprint).
+    not_restored: list[str] = field(default_factory=list)
     seconds: float = 0.0                   # wall time of the whole probe
     interrupted: bool = False
     # Batches one call of the step trains on: the calls of the model the batch size was read from (gradient
@@ -161,6 +163,7 @@ class SpeedProbeResult(RichResult):
             "best": self.best.name if self.best else None, "code": self.code(),
             "launch": self.launch.to_dict() if self.launch else None,
             "repeatability": self.repeatability, "steps": self.steps, "notes": list(self.notes),
-            "restored": list(self.restored), "seconds": self.seconds, "interrupted": self.interrupted,
+            "restored": list(self.restored), "not_restored": list(self.not_restored), "seconds": self.seconds,
+            "interrupted": self.interrupted,
             "shared_cpu": self.shared_cpu,
         }

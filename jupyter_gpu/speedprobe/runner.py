@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jupyter_gpu.probekit.cpu_contention import ContentionWatch
+from jupyter_gpu.probekit.fingerprint import GLOBAL_RNG, Custom, Fingerprint, Verdict, object_claims, reach_of
 from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
@@ -110,6 +111,11 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     setting = StepSetting(torch, objects, objects.device() or torch.device("cpu"))
     snapshot = StateSnapshot.take(protected if protected.objects() else objects, step)
     flags = GlobalFlags.take(torch)
+    # Checksums of all the probe will claim to put back and all the walk reaches: the report says what compared equal.
+    claimed = protected if protected.objects() else objects
+    switches = Custom("TF32, cuDNN and anomaly switches", lambda: GlobalFlags.take(torch))
+    check = Fingerprint.take([*object_claims(claimed), ("RNG", GLOBAL_RNG), ("global flags", switches)],
+                             reach_of(step, None, namespace), namespace)
     user_compiled = _user_compiled_code()
     probe = _Probe(step, name, setting, request, snapshot, flags, progress)
     interrupted = False
@@ -132,8 +138,8 @@ def run_speedprobe(step: Callable[[], Any], request: SpeedProbeRequest | None = 
     shared_cpu = contention.note if contention.note is not None and probe.timings_disturbed() else None
     if contention.note is not None and shared_cpu is None:
         probe.notes.append(f"{contention.note}; the baseline's steps were steady all the same")
-    return probe.result(interrupted, [*(protected if protected.objects() else objects).names(),
-                                      *snapshot.changed_variables], user_compiled, shared_cpu=shared_cpu)
+    verdict = check.verify([*claimed.names(), *snapshot.changed_variables, "RNG", "global flags"])
+    return probe.result(interrupted, verdict, user_compiled, shared_cpu=shared_cpu)
 
 
 def _check_step(torch: Any, step: Any, name: str) -> None:
@@ -420,7 +426,7 @@ class _Probe:
 
     # -- the result -------------------------------------------------------------------------------------------------
 
-    def result(self, interrupted: bool, restored: list[str], user_compiled: bool,
+    def result(self, interrupted: bool, verdict: Verdict, user_compiled: bool,
                shared_cpu: str | None = None) -> SpeedProbeResult:
         baseline = self.baseline or OptionTrial("baseline", ())
         singles_measured = self.judged_singles if self.judged_singles is not None else self.singles()
@@ -460,7 +466,7 @@ class _Probe:
             batches_per_step=run.batches if run is not None else 1, baseline=baseline, options=singles_measured,
             combination=self.combination, best=best, launch=self._launch(baseline, run),
             code_context=self._code_context(), repeatability=self.repeat_noise, steps=self.request.steps,
-            notes=notes, restored=[*restored, "RNG", "global flags"] if restored else ["RNG", "global flags"],
+            notes=notes, restored=verdict.restored, not_restored=verdict.not_restored,
             seconds=time.perf_counter() - self.started, interrupted=interrupted, shared_cpu=shared_cpu)
 
     def _launch(self, baseline: OptionTrial, run: Run | None) -> LaunchProfile | None:
