@@ -40,6 +40,7 @@ from jupyter_gpu.dataprobe.result import (
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.cpu_contention import ContentionWatch
+from jupyter_gpu.probekit.fingerprint import GLOBAL_RNG, Fingerprint, object_claims, reach_of, sampler_of
 from jupyter_gpu.probekit.saved_files import SavedFiles, probe_leftover_notes
 from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_failure import argument_mismatch, first_parameter
@@ -121,7 +122,10 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
         _check_step_arguments(step, step_name or getattr(step, "__name__", "step"))
     objects = find_training_objects(namespace or {}, step) if step is not None else TrainingObjects([], [], [], [])
     snapshot = StateSnapshot.take(objects, step)
-    samplers = SamplerStates.take(loader)
+    samplers = SamplerStates.take(loader, namespace)
+    # Checksums of all the probe will claim to put back and all the walk reaches: the report says what compared equal.
+    check = Fingerprint.take([*object_claims(objects), ("RNG", GLOBAL_RNG), ("sampler", sampler_of(loader))],
+                             reach_of(step, loader, namespace), namespace)
 
     def restore() -> None:
         snapshot.restore()
@@ -165,8 +169,10 @@ def run_dataprobe(loader: Any, step: Callable[[Any], Any] | None, request: DataP
     if memory_before is not None and memory_after is not None and memory_after > memory_before:
         probe.notes.append(f"CUDA memory in use is {format_bytes(memory_after - memory_before)} above where it was "
                            "before the probe: something the step created is still referenced.")
-    restored = [*objects.names(), *snapshot.changed_variables, "RNG", "sampler"]
-    return probe.result(loader_name, step_name if step is not None else None, restored)
+    verdict = check.verify([*objects.names(), *snapshot.changed_variables, "RNG", "sampler",
+                            *check.reached_generators()])
+    return probe.result(loader_name, step_name if step is not None else None, verdict.restored,
+                        verdict.not_restored)
 
 
 def _cuda_allocated(torch: Any) -> int | None:
@@ -499,7 +505,8 @@ class _Probe:
             return together.gpu_idle_fraction
         return together.wait_fraction
 
-    def result(self, loader_name: str, step_name: str | None, restored: list[str]) -> DataProbeResult:
+    def result(self, loader_name: str, step_name: str | None, restored: list[str],
+               not_restored: list[str]) -> DataProbeResult:
         current_trial = self.together if self.target is not None else self.loader_alone
         current_rate = current_trial.samples_per_second if current_trial is not None else None
         settings = rate = best = None
@@ -521,5 +528,6 @@ class _Probe:
             recommended_settings=settings, predicted=rate, verified=self.verified, best=best, speedup=speedup,
             pitfalls=list(self.pitfalls.findings) if self.pitfalls is not None else [],
             skipped=list(self.skipped), notes=[*self._iterable_notes(), *self.notes], restored=restored,
+            not_restored=not_restored,
             budget_seconds=self.request.seconds, seconds=self.elapsed, interrupted=self.interrupted)
 
