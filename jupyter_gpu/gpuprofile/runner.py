@@ -29,6 +29,7 @@ from jupyter_gpu.gpuprofile.result import (
 from jupyter_gpu.gpuprofile.script_calls import with_script_commands
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.cpu_contention import ContentionWatch
+from jupyter_gpu.probekit.fingerprint import GLOBAL_RNG, Fingerprint, object_claims
 from jupyter_gpu.probekit.saved_files import SavedFiles, saved_files_notes
 from jupyter_gpu.probekit.step_variables import advanced_iterators_notes
 from jupyter_gpu.probekit.ticker import Ticker
@@ -108,6 +109,9 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     from jupyter_gpu.speedprobe.flags import GlobalFlags
 
     snapshot = None if request.keep else StateSnapshot.take(objects, code, whole_run=True)
+    # Checksums of the training state and the RNG: what the report says was put back (or, with --keep, changed) is
+    # what compared, not what was meant (probekit/fingerprint.py).
+    check = Fingerprint.take([*object_claims(objects), ("RNG", GLOBAL_RNG)], namespace=places)
     saves = None if request.keep else SavedFiles(torch)
     flags = GlobalFlags.take(torch)
     cuda_before = cuda_initialized(torch)
@@ -155,8 +159,15 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
         snapshot.restore()
     put_back = snapshot.changed_variables if snapshot is not None else []
     flags.restore(torch)
+    verdict = check.verify()
     result, defined, loaders = assemble(torch, instruments, request, namespace, used, gpu_phases, peak_memory,
                                          loop_source, error, run_seconds, cuda_before)
+    if request.keep and verdict.changes:
+        result.notes.append("--keep: the steps changed " + "; ".join(c.kept_line() for c in verdict.changes) + ".")
+    elif not request.keep:
+        if verdict.restored:
+            result.notes.append(f"Checked after the run: {', '.join(verdict.restored)} exactly as before the cell.")
+        result.notes.extend(f"Not put back: {line}." for line in verdict.not_restored)
     if put_back:
         result.notes.append(f"{', '.join(put_back)}: notebook variables the cell changed, put back as they were with "
                             "the training state (--keep keeps what the steps did).")

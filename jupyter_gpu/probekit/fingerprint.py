@@ -533,5 +533,6 @@ def _scalar_change(before: Any, after: Any) -> str | None:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    # A float as a user reads it (an lr of 1.0000000000000005e-07 after six StepLR steps reads 1e-07).
+    text = f"{value:.4g}" if isinstance(value, float) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
