@@ -45,12 +45,16 @@ class FixPlan:
     titles: list[str] = field(default_factory=list)               # the applied fixes, as the report names them
     code: list[str] = field(default_factory=list)                 # the lines that adopt them in the user's code
     interrupted: str | None = None                 # Ctrl-C came while this probe measured: apply nothing, stop
+    not_tried: list[tuple[str, str]] = field(default_factory=list)  # (fix, why it could not be tried here)
 
 
 def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, loaders: list[str], *,
                  compile_too: bool, data_seconds: float, progress: Callable[[str], None] | None) -> FixPlan:
     """Ask the probes which fixes help this loop and keep its numbers."""
     plan = FixPlan()
+    loader_why = _loader_not_tried(before, loaders, namespace)
+    if loader_why is not None:
+        plan.not_tried.append(("DataLoader settings", loader_why))
     step = namespace.get(TRAIN_STEP)
     if not callable(step) or not any(r.name == TRAIN_STEP for r in before.ready_steps):
         why = next((r.reason for r in before.ready_steps if r.reason), None) or "no step was lifted"
@@ -130,6 +134,21 @@ def choose_fixes(torch: Any, namespace: dict[str, Any], before: ProfileResult, l
         else:
             plan.left_out.append(("DataLoader settings", "%dataprobe found nothing faster than the loader as it is"))
     return plan
+
+
+def _loader_not_tried(before: ProfileResult, loaders: list[str], namespace: dict[str, Any]) -> str | None:
+    """Why %dataprobe's loader settings are not tried on this loop, said in --apply's table; None when they are."""
+    data = before.bucket(DATA)
+    if not loaders:
+        return "the loop takes no batches from a DataLoader (it makes its own), and %dataprobe measures DataLoaders"
+    if data is None or data.share < DATA_SHARE:
+        share = f"{data.share:.0%}" if data is not None else "none"
+        return (f"waiting for data is {share} of the step, under the {DATA_SHARE:.0%} from which a loader fix "
+                "could show in the loop's runs")
+    if loaders[0] != LOADER and not callable(namespace.get(DATA_STEP)):
+        return (f"no {DATA_STEP} was lifted from the loop, so %dataprobe has no step to run with {loaders[0]}'s "
+                "batches")
+    return None
 
 
 def applied_run(torch: Any, namespace: dict[str, Any], plan: FixPlan, objects: Any, device: Any,

@@ -34,10 +34,14 @@ class CpuContention:
         return self.others >= MIN_OTHERS and self.others + self.threads > self.cores + SLACK
 
     def sentence(self) -> str:
+        # Fewer threads only where that is fewer than torch has: said to a process already on one thread, "give
+        # torch fewer threads: torch.set_num_threads(1)" was advice it could not follow.
+        fewer = max(1, int(self.cores - self.others))
+        threads = "thread" if self.threads == 1 else "threads"
+        advice = (f" (or give torch fewer threads: torch.set_num_threads({fewer}))" if fewer < self.threads else "")
         return (f"other processes kept {self.others:.1f} of this machine's {self.cores} CPU cores busy while it ran, "
-                f"and torch uses {self.threads} threads, so its threads waited for cores and the timings are not "
-                "the step's own; run it again when the machine is idle (or give torch fewer threads: "
-                f"torch.set_num_threads({max(1, int(self.cores - self.others))}))")
+                f"and torch uses {self.threads} {threads}, so its {threads} waited for cores and the timings are not "
+                f"the step's own; run it again when the machine is idle{advice}")
 
 
 class ContentionWatch:
