@@ -6,11 +6,13 @@ whose body fetches them itself (`batch = next(data_iter)`). Its body becomes
 `profile_step(batch)` (one batch, as the loader yields it); `profile_train_step()` runs one optimizer step on the
 last batch the loop saw (`profile_batch`), as many batches as the loop accumulated gradients over; and
 `profile_sized_step(batch_size)` does the same on that batch resized; the body returns its loss (the name it calls
-`backward()` on), and so do both. A loop inside a function closes over the function's variables as they were when
-the loop began (`LoopScope`); the loop's `break` and `continue` end the step's one batch (`return`), and leading
-`if step >= max_steps: break` guards are left out. Where the body cannot be lifted (a `return` or `yield` of its
-function, a name it cannot see, no source), the reason is given with the wrapper to fill in. Pure Python: the
-code is built with `ast` and defined by the caller.
+`backward()` on, however it writes that: lift_loss.py), and so do both. A loop inside a function closes over the
+function's variables as they were when the loop began (`LoopScope`); the loop's `break` and `continue` end the step's
+one batch (`return`), and leading `if step >= max_steps: break` guards are left out. The names the body needs from
+outside are those Python resolves so, in the branches a step can enter (lift_names.py). Where the body cannot be
+lifted (a `return` or `yield` of its function, a name it cannot see, no source), the reason is given with the
+wrapper to fill in, and the caller drives the loop instead (drive.py). Pure Python: the code is built with `ast` and
+defined by the caller.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpu.gpuprofile.lift_loss import backward_lines, loss_source
+from jupyter_gpu.gpuprofile.lift_names import defined, free_names, scope_walk, without_dead_branches
 from jupyter_gpu.gpuprofile.result import ReadyStep
 
 DATA_STEP, TRAIN_STEP, SIZED_STEP, BATCH = "profile_step", "profile_train_step", "profile_sized_step", "profile_batch"
@@ -173,13 +177,18 @@ def _unwrap(loop: ast.For) -> tuple[ast.expr, str | None, ast.expr]:
 
 class _LoopExitsEndTheStep(ast.NodeTransformer):
     """The loop's own `break` and `continue` become `return`: either ends the body's run on this batch, which is all
-    one call of the step is (an inner loop's keep theirs, except in its `else`, which belongs to this loop)."""
+    one call of the step is (an inner loop's keep theirs, except in its `else`, which belongs to this loop). They
+    return `value` (the loss, where the step sets its variable to None first, so an exit before it is computed
+    returns None), else None."""
+
+    def __init__(self, value: ast.expr | None = None) -> None:
+        self.value = value
 
     def visit_Break(self, node: ast.Break) -> ast.Return:
-        return ast.copy_location(ast.Return(value=None), node)
+        return ast.copy_location(ast.Return(value=copy.deepcopy(self.value)), node)
 
     def visit_Continue(self, node: ast.Continue) -> ast.Return:
-        return ast.copy_location(ast.Return(value=None), node)
+        return ast.copy_location(ast.Return(value=copy.deepcopy(self.value)), node)
 
     def visit_For(self, node: ast.For | ast.While | ast.AsyncFor) -> ast.AST:
         node.orelse = [self.visit(statement) for statement in node.orelse]
@@ -208,7 +217,15 @@ def _blocked(body: list[ast.stmt]) -> str | None:
 
 def _stored(nodes: list[ast.stmt] | ast.expr) -> set[str]:
     trees = nodes if isinstance(nodes, list) else [nodes]
-    return {n.id for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    names = {n.id for tree in trees for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    # The functions and classes the body defines, and what it imports (timm's `def _forward():` in its loop).
+    return names | (defined(trees) if isinstance(nodes, list) else set())
+
+
+def _stored_here(nodes: list[ast.stmt]) -> set[str]:
+    """What the body itself binds: not the locals of the functions it defines."""
+    return {n.id for n in scope_walk(nodes) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} \
+        | defined(nodes)
 
 
 def _loaded(nodes: list[ast.stmt]) -> set[str]:
@@ -221,47 +238,64 @@ def _read_before_written(nodes: list[ast.stmt]) -> set[str]:
     for h in hidden)` (truncated backpropagation through time) reads `hidden` first."""
     after_value: dict[int, tuple[int, int]] = {}
     for tree in nodes:
-        for statement in ast.walk(tree):
+        for statement in scope_walk([tree]):
             if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
                 value = statement.value
                 targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
                 for target in targets:
                     for name in (n for n in ast.walk(target) if isinstance(n, ast.Name)):
                         after_value[id(name)] = (value.end_lineno or value.lineno, (value.end_col_offset or 0) + 1)
-    names = sorted((n for tree in nodes for n in ast.walk(tree) if isinstance(n, ast.Name)),
+    # In the body's own scope: a function it defines reads and writes its own locals (timm's `_forward` does
+    # `loss /= accum_steps` on its own `loss`), not the loop's.
+    names = sorted((n for n in scope_walk(nodes) if isinstance(n, ast.Name)),
                    key=lambda n: after_value.get(id(n), (n.lineno, n.col_offset)))
     first: dict[str, ast.expr_context] = {}
     for name in names:
         first.setdefault(name.id, name.ctx)
-    stored = _stored(nodes)
+    stored = _stored_here(nodes)
     return {name for name, ctx in first.items() if isinstance(ctx, ast.Load) and name in stored}
 
 
 def _loss_returned(body: list[ast.stmt]) -> ast.Return | None:
-    """`return loss` for the loss the body calls backward on (`loss.backward()`, `(loss / accum).backward()`,
-    `scaler.scale(loss).backward()`, `losses["loss"].backward()` for a loss function returning a dict, or
-    `out.loss.backward()`), when every run of the body assigns its variable (`_always_assigned`): the lifted step
-    returns it, so %speedprobe compares the loss as well as the update. With several (a GAN's `errD.backward()`
-    then `errG.backward()`), the last one in the body: the generator's loss, which both updates move. None when
-    there is none."""
-    found: list[tuple[str, ast.expr]] = []
-    for node in (n for statement in body for n in ast.walk(statement)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
-            receiver = node.func.value
-            if isinstance(receiver, ast.Call) and len(receiver.args) == 1:  # scaler.scale(loss)
-                receiver = receiver.args[0]
-            if isinstance(receiver, ast.BinOp):  # loss / accumulation_steps
-                receiver = receiver.left
-            base = receiver
-            while isinstance(base, (ast.Subscript, ast.Attribute)):  # losses["loss"], outputs.loss
-                if isinstance(base, ast.Subscript) and not isinstance(base.slice, ast.Constant):
-                    break  # losses[key]: the key may change before the step ends
-                base = base.value
-            if isinstance(base, ast.Name):
-                found.append((base.id, receiver))
-    assigned = _always_assigned(body)
-    loss = next((receiver for name, receiver in reversed(found) if name in assigned), None)
-    return ast.Return(value=copy.deepcopy(loss)) if loss is not None else None
+    """`return <the loss>` for the loss the body calls backward on (lift_loss.py reads every form), when the body
+    assigns its variable; None when there is none."""
+    source = loss_source(body, _stored_here(body))
+    return ast.Return(value=copy.deepcopy(source.value)) if source is not None else None
+
+
+@dataclass
+class _LossExit:
+    """How the step returns its loss: statements before the body (its variable set to None, where not every run of
+    the body assigns it), the value every exit returns, and, where there is none, the sentence that says where the
+    profile looked."""
+
+    prelude: list[ast.stmt]
+    value: ast.expr | None
+    exits_return_it: bool
+    missing: str | None = None
+
+
+def _loss_exit(body: list[ast.stmt], carried: set[str], line: int) -> _LossExit:
+    returned = _loss_returned(body)
+    if returned is None or returned.value is None:
+        lines = backward_lines(body)
+        looked = (f"the backward call at line {lines[-1]} is not on a variable the loop body assigns" if lines else
+                  f"the loop body at line {line} calls no backward()")
+        return _LossExit([], None, False, f"The ready steps return None, not the loss: {looked}, so %speedprobe "
+                                          "compares only the update.")
+    source = loss_source(body, _stored_here(body))
+    assert source is not None
+    if source.base in carried or source.base in _always_assigned(body):
+        return _LossExit([], returned.value, False)
+    # Assigned in a micro-step loop or a branch (nanoGPT's accumulation, timm's `if has_no_sync ... else`): set
+    # to None first, so the step returns None only where the body stopped before computing it.
+    prelude = [ast.Assign(targets=[ast.Name(id=source.base, ctx=ast.Store())], value=ast.Constant(None), lineno=0)]
+    value: ast.expr = returned.value
+    if not isinstance(value, ast.Name):
+        value = ast.IfExp(test=ast.Compare(left=ast.Name(id=source.base, ctx=ast.Load()), ops=[ast.Is()],
+                                           comparators=[ast.Constant(None)]),
+                          body=ast.Constant(None), orelse=value)
+    return _LossExit(prelude, value, True)
 
 
 def _always_assigned(body: list[ast.stmt]) -> set[str]:
@@ -278,8 +312,7 @@ def _always_assigned(body: list[ast.stmt]) -> set[str]:
 
 
 def _augmented(nodes: list[ast.stmt]) -> set[str]:
-    return {n.target.id for tree in nodes for n in ast.walk(tree)
-            if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+    return {n.target.id for n in scope_walk(nodes) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
 
 
 @dataclass(frozen=True)
@@ -306,6 +339,7 @@ class Lifted:
     defined: list[str] = field(default_factory=list)
     bound: dict[str, Any] = field(default_factory=dict)
     factory_for: str = DATA_STEP  # the step the factory makes, when `bound` is not empty
+    notes: list[str] = field(default_factory=list)  # for the report: which path the steps took, their loss
 
 
 def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], namespace: Mapping[str, Any],
@@ -346,9 +380,11 @@ def ready_steps(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], 
     bound, missing = _closed_over(loop.statements, loop_names, scope, namespace)
     if missing:
         return Lifted(_templates(loader, missing))
-    code = _data_step_code(loop, namespace, list(bound))
-    steps, defined = _lifted(loader, loop.line, accumulation, code, samples)
-    return Lifted(steps, defined, bound)
+    code, no_loss = _data_step_code(loop, namespace, list(bound), _batches_per_epoch(namespace, loaders))
+    steps, names = _lifted(loader, loop.line, accumulation, code, samples)
+    notes = [f"The ready steps are lifted from the loop at line {loop.line} (its body, one batch a call).",
+             *([no_loss] if no_loss else [])]
+    return Lifted(steps, names, bound, notes=notes)
 
 
 def _closed_over(body: list[ast.stmt], loop_names: set[str], scope: Mapping[str, Any],
@@ -359,8 +395,10 @@ def _closed_over(body: list[ast.stmt], loop_names: set[str], scope: Mapping[str,
     carried = _carried(body)
     bound = {name: scope[name] for name in sorted((_loaded(body) | carried) - loop_names)
              if name in scope and (name not in _stored(body) or name in carried)}
-    known = set(namespace) | set(dir(builtins)) | _stored(body) | loop_names | set(bound)
-    missing = sorted(_loaded(body) - known)
+    known = set(namespace) | set(dir(builtins)) | loop_names | set(bound)
+    # As Python resolves them (a function the body defines binds its name and its parameters), in the branches a
+    # step can enter (`if wandb_log: wandb.log(...)` with wandb_log False needs no wandb).
+    missing = sorted(free_names(without_dead_branches(body, {**namespace, **scope})) - known)
     if missing:
         return bound, (f"the body uses {', '.join(f'`{m}`' for m in missing)}, which "
                        f"{'is' if len(missing) == 1 else 'are'} not a notebook variable (a function's own variables?)")
@@ -414,11 +452,13 @@ def _lift_without_loader(source: LoopSource | None, step_sites: Mapping[tuple[st
         bound, why = _closed_over(seen, {name for name, _ in counters}, scope, namespace)
     if why is not None:
         return Lifted(_loader_free_templates(why))
-    code = _train_step_code(loop, statements, counters, namespace, list(bound))
+    code, no_loss = _train_step_code(loop, statements, counters, namespace, list(bound))
     steps = [ReadyStep("%speedprobe", TRAIN_STEP, f"%speedprobe {TRAIN_STEP}", code),
              *_loader_free_templates(f"the loop at line {loop.lineno} makes its own batches, so the profile cannot "
                                      "resize one")[1:]]
-    return Lifted(steps, [TRAIN_STEP], bound, factory_for=TRAIN_STEP)
+    notes = [f"The ready steps are lifted from the loop at line {loop.lineno} ({TRAIN_STEP}: one iteration, making its "
+             "own batch as the loop does).", *([no_loss] if no_loss else [])]
+    return Lifted(steps, [TRAIN_STEP], bound, factory_for=TRAIN_STEP, notes=notes)
 
 
 def _top_level_holds(statements: list[ast.stmt], line: int) -> bool:
@@ -433,20 +473,24 @@ def _top_level_holds(statements: list[ast.stmt], line: int) -> bool:
 
 
 def _train_step_code(loop: ast.For | ast.While, statements: list[ast.stmt], counters: list[tuple[str, str]],
-                     namespace: Mapping[str, Any], bound: list[str]) -> str:
+                     namespace: Mapping[str, Any], bound: list[str]) -> tuple[str, str | None]:
     """`profile_train_step()`: one iteration of a loop that makes its own batches, returning its loss. `counters`:
-    the loop's counters and the value each takes on a call."""
+    the loop's counters and the value each takes on a call. Also: why it returns None, where it does."""
     body: list[ast.stmt] = [ast.Expr(ast.Constant(f"One iteration of the loop at line {loop.lineno}, which makes "
                                                   "its own batch; returns its loss (lifted by %%gpuprofile)."))]
-    body.extend(_carried_declarations(_carried(statements) - {name for name, _ in counters}, namespace, bound))
+    carried = _carried(statements) - {name for name, _ in counters}
+    body.extend(_carried_declarations(carried, namespace, bound))
     used = [(name, value) for name, value in counters if name in _loaded(statements)]
     if used:
         assignments = "\n".join(f"{name} = {value}" for name, value in used)
         body.extend(ast.parse(f"{assignments}\n{TRAIN_STEP}.calls += 1").body)
-    lifted = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(statements)]
-    lifted.append(_loss_returned(statements) or ast.Return(value=None))
+    loss = _loss_exit(statements, carried, loop.lineno)
+    body.extend(loss.prelude)
+    exits = _LoopExitsEndTheStep(loss.value if loss.exits_return_it else None)
+    lifted = [exits.visit(statement) for statement in copy.deepcopy(statements)]
+    lifted.append(ast.Return(value=copy.deepcopy(loss.value)))
     body.extend(lifted)
-    return _step_source(TRAIN_STEP, [], body, bound)
+    return _step_source(TRAIN_STEP, [], body, bound), loss.missing
 
 
 def _carried_declarations(carried: set[str], namespace: Mapping[str, Any], bound: list[str]) -> list[ast.stmt]:
@@ -506,8 +550,10 @@ def define(lifted: Lifted, namespace: dict[str, Any]) -> None:
         filename = f"<%%gpuprofile {step.name}>"
         linecache.cache[filename] = (len(step.code), None, step.code.splitlines(True), filename)
         exec(compile(step.code, filename, "exec"), namespace)
-        if step.name == lifted.factory_for and lifted.bound:
-            namespace[step.name] = namespace.pop(_FACTORY)(**lifted.bound)
+        factory = namespace.pop(_FACTORY, None)
+        if factory is not None:  # it takes the values it closes over, by name (a driven step: its driver, the cell)
+            wanted = factory.__code__.co_varnames[:factory.__code__.co_argcount]
+            namespace[step.name] = factory(**{name: lifted.bound[name] for name in wanted})
 
 
 def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int], batch: Any) -> str | None:
@@ -516,7 +562,19 @@ def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int
     return None
 
 
-def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[str]) -> str:
+def _batches_per_epoch(namespace: Mapping[str, Any], loaders: list[str]) -> int | None:
+    """len() of the loop's loader, where it has one: the loop's counter never reaches it."""
+    from jupyter_gpu.probekit.training_state import value_at
+
+    try:
+        count = len(value_at(namespace, loaders[0]))
+    except Exception:  # no loader named, an iterable-style dataset without a length
+        return None
+    return count if count > 0 else None
+
+
+def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[str], epoch: int | None = None
+                    ) -> tuple[str, str | None]:
     target, counter = loop.target, loop.counter
     body: list[ast.stmt] = []
     # Names the body both reads and assigns (running_loss += ...) are the notebook's, as in the loop; or, for a
@@ -527,19 +585,24 @@ def _data_step_code(loop: _LoopBody, namespace: Mapping[str, Any], bound: list[s
     if not isinstance(target, ast.Name):
         body.append(ast.Assign(targets=[target], value=ast.Name(id="batch", ctx=ast.Load()), lineno=0))
     if counter is not None and counter in _loaded(loop.statements):
-        # The loop counter, counted per call as the loop counted it (logging, gradient accumulation).
-        calls = ast.parse(f"{counter} = {DATA_STEP}.calls\n{DATA_STEP}.calls += 1").body
+        # The loop counter, counted per call as the loop counted it (logging, gradient accumulation), round the
+        # loader's length as the next epoch's loop would: timm's `if batch_idx >= last_batch_idx_to_accum:
+        # accum_steps = last_accum_steps` made a probe's 33rd call of a 32-batch loader divide by zero.
+        count = f"{DATA_STEP}.calls % {epoch}" if epoch else f"{DATA_STEP}.calls"
+        calls = ast.parse(f"{counter} = {count}\n{DATA_STEP}.calls += 1").body
         body.extend(calls)
-    statements = [_LoopExitsEndTheStep().visit(statement) for statement in copy.deepcopy(loop.statements)]
-    returned = _loss_returned(loop.statements)
-    if returned is not None:
-        statements.append(returned)
+    loss = _loss_exit(loop.statements, carried, loop.line)
+    body.extend(loss.prelude)
+    exits = _LoopExitsEndTheStep(loss.value if loss.exits_return_it else None)
+    statements = [exits.visit(statement) for statement in copy.deepcopy(loop.statements)]
+    if loss.value is not None:
+        statements.append(ast.Return(value=copy.deepcopy(loss.value)))
     if loop.contexts:
         statements = [ast.With(items=copy.deepcopy(loop.contexts), body=statements, lineno=0)]
     body.extend(statements)
     docstring = ast.Expr(ast.Constant(f"The loop body at line {loop.line}, one batch as the loader yields it "
                                       "(lifted by %%gpuprofile)."))
-    return _step_source(DATA_STEP, [parameter], [docstring, *body], bound)
+    return _step_source(DATA_STEP, [parameter], [docstring, *body], bound), loss.missing
 
 
 def _lifted(loader: str, line: int, accumulation: int, data_code: str, samples: int | None = None
