@@ -44,6 +44,8 @@ class Timeline:
         self._last = clock()
         self._step_started = self._last
         self.current = StepRecord()
+        # Told each slice of other host time as it is charged (line_time.LineClock: which line it was), else None.
+        self.other_sink: Callable[[float], None] | None = None
 
     def _charge(self, now: float) -> None:
         elapsed = now - self._last
@@ -54,6 +56,13 @@ class Timeline:
             self._stack[-1][1] += elapsed
         else:
             self.current.buckets[OTHER] = self.current.buckets.get(OTHER, 0.0) + elapsed
+            if self.other_sink is not None:
+                self.other_sink(elapsed)
+
+    def mark(self) -> None:
+        """Charge the time since the last event now (to the open bucket, or to other host time): a line of the
+        user's code begins."""
+        self._charge(self._clock())
 
     def enter(self, bucket: str) -> None:
         self._charge(self._clock())
