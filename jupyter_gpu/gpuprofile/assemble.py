@@ -11,6 +11,7 @@ from typing import Any
 
 from jupyter_gpu.gpuprofile import lift, plan
 from jupyter_gpu.gpuprofile.instrument import Instruments, loaders_seen, measure_hook_costs
+from jupyter_gpu.gpuprofile.line_time import other_time_by_line
 from jupyter_gpu.gpuprofile.peaks import BF16, FP16, FP32, TF32, find_peak
 from jupyter_gpu.gpuprofile.request import ProfileRequest
 from jupyter_gpu.gpuprofile.result import (
@@ -83,8 +84,10 @@ def _compute_format(torch: Any, device: str, flops_by_dtype: dict[str, int]) -> 
 
 def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, namespace: dict[str, Any], used: Any,
               gpu_phases: dict[tuple[int, str], float], peak_memory: int | None, loop_source: lift.LoopSource | None,
-              error: BaseException | None, run_seconds: float, cuda_before: bool
+              error: BaseException | None, run_seconds: float, cuda_before: bool, cell: list[Any] | None = None
               ) -> tuple[ProfileResult, list[str], list[str]]:
+    """`cell`: the profiled code as functions of the notebook, for the driven steps of a loop the source lifter
+    refuses (gpuprofile/drive.py)."""
     records = instruments.records
     warmup = min(request.warmup, max(len(records) - 1, 0)) if instruments.mode != ONE_RUN else 0
     profiled = records[warmup:]
@@ -174,6 +177,13 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
             not_measured.append(f"MFU: {_device_name(torch, device)} has no {compute} peak in the table "
                                 "(peak unknown); the measured ceiling applies.")
     overhead = _overhead(torch, profiled, instruments.narrowed)
+    other = next((bucket.seconds for bucket in breakdown if bucket.key == "other"), None)
+    other_lines, line_notes, line_gaps = other_time_by_line(instruments.line_clock, instruments.line_error, other,
+                                                            step or None,
+                                                            lambda file, line: instruments.sync_source((file, line)),
+                                                            expected=bool(step_seconds) and instruments.mode != ONE_RUN)
+    notes.extend(line_notes)
+    not_measured.extend(line_gaps)
     # The loop that trains, not an evaluation loop beside it: its sites, its loader first, a batch it trained on.
     trained = instruments.trained_sites
     sites = {site: count for site, count in instruments.loop_sites.items() if site in trained} if trained \
@@ -197,6 +207,11 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
                               step_sites=instruments.step_sites,
                               samples=_samples_in(samplers[0]) if samplers else None) if step_seconds \
         else lift.Lifted([])
+    if cell and step_seconds and not any(step.name for step in lifted.steps):
+        from jupyter_gpu.gpuprofile.drive import driven
+
+        lifted = driven(lifted, cell, namespace, loaders, getattr(instruments, "dataset_batches", {}), used.models())
+    notes.extend(lifted.notes)
     lift.define(lifted, namespace)
     if lift.BATCH in lifted.defined:
         namespace[lift.BATCH] = batch
@@ -217,11 +232,13 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         error=None if error is None or isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}",
         gpu_timeline=timeline, gpu_busy=timeline.busy if timeline else None,
         ready_steps=ready, losses=_losses(instruments, profiled, notes),
-        models=models, compiled_models=compiled_models, anomaly_detection=instruments.anomaly_detection)
+        models=models, compiled_models=compiled_models, anomaly_detection=instruments.anomaly_detection,
+        other_lines=other_lines)
     total_memory = None
     if device.startswith("cuda") and cuda_initialized(torch):
         total_memory = int(torch.cuda.get_device_properties(torch.device(device).index or 0).total_memory)
-    result = plan.with_plan(result, loaders=loaders, total_memory=total_memory)
+    workers = getattr(value_at(namespace, loaders[0]), "num_workers", None) if loaders else None
+    result = plan.with_plan(result, loaders=loaders, total_memory=total_memory, workers=workers)
     return result, defined, loaders
 
 

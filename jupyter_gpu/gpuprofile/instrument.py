@@ -118,6 +118,9 @@ class Instruments:
         self._last_site: tuple[str, int] | None = None
         self.samplers: list[Any] = []  # the index sampler of each DataLoader that yielded (names it afterwards)
         self.last_batch: Any = None
+        # The last batch of each dataset that yielded, with the dataset (kept alive, so its id stays its own): what a
+        # driven step's loaders yield (gpuprofile/drive.py).
+        self.dataset_batches: dict[int, tuple[Any, Any]] = {}
         self.batch_size: int | None = None
         self.gpu_events: list[tuple[int, str, Any, Any]] = []  # (step index, bucket, start, end)
         self._on_step = on_step
@@ -139,6 +142,9 @@ class Instruments:
         self.kernel_window: tuple[float, float] = (0.0, 0.0)
         self.kernel_steps = 0
         self.timeline_error: str | None = None
+        # Other host time by line: a few steps traced line by line after the profiled ones (line_time.py).
+        self.line_clock: Any = None
+        self.line_error: str | None = None
 
     def _elsewhere(self) -> bool:
         """Not the user's loop running: code torch.compile is tracing (our hooks and wrappers are traced as no-ops
@@ -183,6 +189,8 @@ class Instruments:
         self.timeline = Timeline()
 
     def uninstall(self) -> None:
+        if self.line_clock is not None:
+            self.line_clock.stop()
         while self._undo:
             self._undo.pop()()
         if self.census is not None:
@@ -207,19 +215,24 @@ class Instruments:
         self._accept(self.timeline.boundary())
 
     def _accept(self, record: StepRecord) -> None:
+        if self.line_clock is not None and self.line_clock.active:
+            if self.line_clock.boundary(sys._getframe(1)):
+                self.line_clock.stop()
+                self.stop_pending = True
+            return
         if self.census is not None:
             self._end_census()
             if cuda_initialized(self.torch) and self.plan.census:
                 self._start_kernel_timeline()
             else:
-                self.stop_pending = True
+                self._start_line_clock()
             return
         if self.kineto is not None:
             mark_step(self.torch)
             self.timeline_steps_left -= 1
             if self.timeline_steps_left <= 0:
                 self._end_kernel_timeline()
-                self.stop_pending = True
+                self._start_line_clock()
             return
         self.records.append(record)
         warmup = self.plan.warmup
@@ -244,6 +257,8 @@ class Instruments:
 
     def finish(self) -> None:
         """The cell ended by itself: a cell with no loop is one step; a loop's unfinished last step is dropped."""
+        if self.line_clock is not None:
+            self.line_clock.stop()
         if self.census is not None:
             self._end_census()
         if self.kineto is not None:
@@ -278,6 +293,18 @@ class Instruments:
             self.operator_gpu_seconds = operator_device_seconds(profiler, self.kernel_steps, counted)
         except Exception as exc:  # a trace torch could not give back: said, not raised
             self.timeline_error = f"the kernel trace could not be read ({type(exc).__name__}: {exc})"
+
+    def _start_line_clock(self) -> None:
+        """LINE_STEPS steps traced line by line, the last ones the profile runs: after the census and the kernel
+        timeline (which a loop that ends early should still get), outside the dispatch mode and the profiler."""
+        from jupyter_gpu.gpuprofile.line_time import LineClock
+
+        clock = LineClock(self.timeline, self._library)
+        self.line_error = clock.start(sys._getframe(1))
+        if self.line_error is None:
+            self.line_clock = clock
+        else:
+            self.stop_pending = True
 
     def _start_census(self) -> None:
         from jupyter_gpu.gpuprofile.census import make_census
@@ -392,6 +419,8 @@ class Instruments:
             key = (*site, id(getattr(iterator, "_dataset", iterator)))
             by_loader[key] = by_loader.get(key, 0) + 1
             instruments.last_batch = batch
+            dataset = getattr(iterator, "_dataset", None)
+            instruments.dataset_batches[id(dataset)] = (dataset, batch)
             instruments._last_site = site
             sampler = getattr(iterator, "_index_sampler", None)
             if sampler is not None and not any(seen is sampler for seen in instruments.samplers):

@@ -563,11 +563,14 @@ def _why_not(source: LoopSource | None, loop_sites: Mapping[tuple[str, int], int
 
 
 def _batches_per_epoch(namespace: Mapping[str, Any], loaders: list[str]) -> int | None:
-    """len() of the loop's loader, where it has one: the loop's counter never reaches it."""
-    from jupyter_gpu.probekit.training_state import value_at
-
+    """len() of the loop's loader, where it has one: the loop's counter never reaches it. The loader is named as
+    the loop names it: a variable or an attribute path from one (`trainer.train_loader`)."""
     try:
-        count = len(value_at(namespace, loaders[0]))
+        head, *attributes = loaders[0].split(".")
+        loader = namespace[head]
+        for attribute in attributes:
+            loader = getattr(loader, attribute)
+        count = len(loader)
     except Exception:  # no loader named, an iterable-style dataset without a length
         return None
     return count if count > 0 else None

@@ -25,10 +25,9 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from jupyter_gpu.gpuprofile.result import Sync, typical
+from jupyter_gpu.gpuprofile.result import OtherLine, typical
 from jupyter_gpu.units import format_seconds
 
 # Traced steps after the profiled ones. Each line's figure is their interquartile mean, as the typical step's is: on a
@@ -41,24 +40,6 @@ MIN_SHOWN_SECONDS = 20e-6
 Place = tuple[int, str, int, str]  # (id of the frame, file, line, function)
 Location = tuple[Place, ...]       # the user's frames, outermost first, each at its current line
 Key = tuple[str, int, str]         # a line of code: (file, line, function)
-
-
-@dataclass(frozen=True)
-class OtherLine:
-    """A line of the loop and the host time outside every named bucket it took per step, the user's functions it
-    called included: where "other host time" went."""
-
-    file: str
-    line: int
-    source: str                          # the line's text, stripped
-    seconds: float                       # per step
-    function: str = ""                   # the function the line is in; "" at a cell's top level
-    inside: tuple[OtherLine, ...] = ()   # the costliest lines of the user's functions it called
-
-    where = Sync.where  # named as a sync's line is: "line 41", "line 12 in get_batch()", "train.py:14"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "where": self.where, "inside": [line.to_dict() for line in self.inside]}
 
 
 # What a location spent: [seconds, line events in the user's frames, new frames the trace function saw]. A list,

@@ -7,8 +7,11 @@ below that, a fix cannot buy more than 5%.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
+from jupyter_gpu.gpuprofile.commands import needs_first
+from jupyter_gpu.gpuprofile.line_time import other_time_advice
 from jupyter_gpu.gpuprofile.result import (
     BUCKET_TITLES,
     COPIES,
@@ -42,11 +45,17 @@ def _ready(result: ProfileResult, probe: str) -> ReadyStep | None:
     return next((r for r in result.ready_steps if r.probe == probe), None)
 
 
-def _command(result: ProfileResult, probe: str, fallback: str) -> str:
-    """The ready step's command for `probe`, or the command of the wrapper it prints to fill in (its name, so the
-    plan and the "Ready steps" section name the same function); `fallback` where there is neither."""
+def _command(result: ProfileResult, probe: str, fallback: str, options: str = "") -> str:
+    """The ready step's command for `probe` (with `options` added), as it runs when pasted. Where the step could not
+    be lifted, the command needs the wrapper "Ready steps" prints filled in first, and the line says so with its name
+    (the plan and the "Ready steps" section name the same function): pasted bare, `%speedprobe train_step` failed
+    with "there is no step function 'train_step' in the notebook". `fallback` where there is no ready step at all
+    (a result built without them: a profile that ran no step shows no plan)."""
     ready = _ready(result, probe)
-    return ready.command if ready is not None else fallback
+    if ready is None:
+        return f"{fallback}{options}"
+    command = f"{ready.command}{options}"
+    return command if ready.name else needs_first(ready, command)
 
 
 def compile_lines(models: list[str], option: str = "compile") -> str:
@@ -55,7 +64,33 @@ def compile_lines(models: list[str], option: str = "compile") -> str:
     return "; ".join(adopt_lines((option,), CodeContext(models=tuple(models) or ("model",))))
 
 
-def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | None) -> ProfileResult:
+def _loader_advice(workers: int | None) -> str:
+    """What may shorten the wait, never what the loader already does: "more workers" to a loader with one per core
+    would be advice it cannot follow."""
+    if workers is None:
+        return "more workers, pinned memory or a lighter transform"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers >= cores:
+        return (f"its {workers} workers already match this machine's {cores} CPU cores: a lighter transform, "
+                "samples cached decoded, pinned memory or a deeper prefetch")
+    return f"more workers than its {workers}, pinned memory or a lighter transform"
+
+
+def _speed_options(result: ProfileResult) -> str:
+    """The %speedprobe options that can still change this step, leaving out what it already does: mixed precision
+    to a step already in bf16 or fp16, a fused optimizer to one that ran fused kernels, torch.compile where every
+    model is compiled."""
+    options = [*([] if result.compute in ("bf16", "fp16") else ["mixed precision"]), "channels_last",
+               *([] if result.optimizer_fused else ["fused optimizers"]),
+               *([] if result.all_models_compiled else ["torch.compile"])]
+    verb = "is" if len(options) == 1 else "are"
+    listed = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} and {options[-1]}"
+    return f"{listed} {verb}"
+
+
+def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | None,
+              workers: int | None = None) -> ProfileResult:
+    """`workers`: the loader's num_workers, where it is known (the advice then starts from it)."""
     step = result.seconds
     if not step:
         return result
@@ -70,8 +105,7 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         loader = loaders[0] if loaders else "LOADER"
         add("waiting for data", data.seconds,
             _command(result, "%dataprobe", f"%dataprobe {loader} --step STEP"),
-            "the host blocked in the DataLoader's next(): more workers, pinned memory or a lighter transform "
-            "(%dataprobe measures which)")
+            f"the host blocked in the DataLoader's next(): {_loader_advice(workers)} (%dataprobe measures which)")
     # On the CPU a read waits for nothing: its microseconds are the copy, not a stall, so it is not ranked by them.
     timed_syncs = result.device.startswith("cuda")
     for sync in result.syncs:
@@ -95,8 +129,8 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
             add("compute below this device's matmul ceiling", compute - at_ceiling,
                 _command(result, "%speedprobe", "%speedprobe STEP"),
                 f"{result.compute_phases} {format_seconds(compute)} per step at "
-                f"{share:.0%} of what a big {result.compute} matmul reaches here; mixed precision, channels_last, "
-                "fused optimizers and torch.compile are measured by %speedprobe" if share is not None else "")
+                f"{share:.0%} of what a big {result.compute} matmul reaches here; {_speed_options(result)} "
+                "measured by %speedprobe" if share is not None else "")
     # Models already compiled are not told to compile; when every model the loop called is, fusion is done.
     if (result.memory_bound_share is not None and result.memory_bound_share >= MEMORY_BOUND_SHARE and compute
             and not result.all_models_compiled):
@@ -104,13 +138,13 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         model_share = 1.0 - (result.optimizer_share or 0.0)
         add("memory-bound operators (fusion candidates)", compute * model_share * result.memory_bound_share,
             f"{compile_lines(result.uncompiled_models)}  "
-            f"(or {_command(result, '%speedprobe', '%speedprobe STEP')} --try compile)",
+            f"(or {_command(result, '%speedprobe', '%speedprobe STEP', ' --try compile')})",
             f"{result.memory_bound_share:.0%} of the model's operator time in operators below the ridge point")
     if (result.optimizer_share is not None and result.optimizer_share >= OPTIMIZER_SHARE and compute
             and not result.optimizer_fused):
         add("the optimizer's step (an unfused optimizer: one pass over every parameter and its state per operation)",
             compute * result.optimizer_share,
-            f"{_command(result, '%speedprobe', '%speedprobe STEP')} --try fused-optimizer  (or pass fused=True "
+            f"{_command(result, '%speedprobe', '%speedprobe STEP', ' --try fused-optimizer')}  (or pass fused=True "
             "where the optimizer is made)",
             f"{result.optimizer_share:.0%} of operator time in the optimizer's own kernels, not the model's: a "
             "fused optimizer updates each parameter in one kernel; compiling the model does not touch them")
@@ -130,8 +164,8 @@ def with_plan(result: ProfileResult, *, loaders: list[str], total_memory: int | 
         items.append(stalls)
     other = result.bucket(OTHER)
     if other is not None and other.share >= OTHER_SHARE:
-        add("other host time", other.seconds, "log, print and update progress bars every N steps, not every step",
-            "Python between the phases: logging, metrics, progress bars, the loop itself")
+        # Measured line by line (line_time.py), not guessed: nanoGPT's was making batches and clipping, not its print.
+        add("other host time", other.seconds, *other_time_advice(result.other_lines, other.seconds))
     items.sort(key=lambda item: -item.seconds)
     if result.anomaly_detection:
         # Its cost is in every other figure and cannot be told apart from them: first, untimed.

@@ -100,6 +100,24 @@ class Sync:
 
 
 @dataclass(frozen=True)
+class OtherLine:
+    """A line of the loop and the host time outside every named bucket it took per step, the user's functions it
+    called included: where "other host time" went."""
+
+    file: str
+    line: int
+    source: str                          # the line's text, stripped
+    seconds: float                       # per step
+    function: str = ""                   # the function the line is in; "" at a cell's top level
+    inside: tuple[OtherLine, ...] = ()   # the costliest lines of the user's functions it called
+
+    where = Sync.where  # named as a sync's line is: "line 41", "line 12 in get_batch()", "train.py:14"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "where": self.where, "inside": [line.to_dict() for line in self.inside]}
+
+
+@dataclass(frozen=True)
 class Copies:
     """Host→device copies per profiled step."""
 
@@ -199,6 +217,13 @@ class RunFigures:
     step_seconds: list[float] = field(default_factory=list)  # each profiled step (of every run pooled)
     run_seconds: list[float] = field(default_factory=list)   # each run's typical step, in the order they ran
     stalls_included: bool = False  # seconds is the mean step: stalls recurred, and the typical step leaves them out
+    # What its MFU and ceiling share are against, so --apply's table sets both runs against one ceiling per row: a
+    # bf16 run's share of the bf16 ceiling beside an fp32 run's of the fp32 one read "34% -> 18%" at a 2.1x speed-up.
+    achieved_flops: float | None = None
+    compute: str | None = None                # the format its matmuls ran in
+    ceiling_flops: float | None = None        # the big matmul in that format, measured in this run
+    peak_name: str | None = None              # the datasheet's device, for MFU
+    peak_flops: float | None = None           # its dense peak in `compute`
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +250,7 @@ class AppliedFixes:
     after: RunFigures | None
     runs_each: int = 1  # how many times each was run, back to back (before, after, after, before for 2)
     interrupted: str | None = None  # where Ctrl-C stopped --apply ("%speedprobe", "the runs"): nothing applied
+    not_tried: list[tuple[str, str]] = field(default_factory=list)  # (fix, why --apply could not try it)
 
     @property
     def speedup(self) -> float | None:
@@ -331,6 +357,7 @@ class ProfileResult(RichResult):
     compiled_models: list[str] = field(default_factory=list)  # those of them already torch.compile'd
     defined_in: str = "the notebook"                   # where the ready steps were defined
     anomaly_detection: bool = False                    # the loop's backward ran under autograd anomaly detection
+    other_lines: list[OtherLine] = field(default_factory=list)  # other host time by line, the costliest first
 
     @property
     def steps(self) -> int:
@@ -446,11 +473,16 @@ class ProfileResult(RichResult):
                           of_ceiling=self.of_ceiling, peak_memory=self.peak_memory,
                           data_share=data.share if data else None, sync_share=sync.share if sync else None,
                           losses=list(self.losses), step_seconds=list(self.step_seconds),
-                          run_seconds=[seconds] if seconds else [], stalls_included=stalls)
+                          run_seconds=[seconds] if seconds else [], stalls_included=stalls,
+                          achieved_flops=self.flops / seconds if self.flops and seconds else None,
+                          compute=self.compute if self.flops else None,
+                          ceiling_flops=self.ceiling.matmul_flops if self.ceiling and not self.beyond_ceiling else None,
+                          peak_name=self.ceiling.datasheet_name if self.ceiling else None,
+                          peak_flops=self.ceiling.datasheet_flops if self.ceiling else None)
 
     def to_dict(self) -> dict[str, Any]:
         plain = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        nested = ("breakdown", "syncs", "operators", "plan", "ready_steps")
+        nested = ("breakdown", "syncs", "operators", "plan", "ready_steps", "other_lines")
         out = {k: v for k, v in plain.items() if k not in (*nested, "copies", "ceiling", "applied", "gpu_timeline")}
         out["applied"] = self.applied.to_dict() if self.applied else None
         out.update({k: [item.to_dict() for item in plain[k]] for k in nested})

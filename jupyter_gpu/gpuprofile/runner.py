@@ -160,8 +160,12 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
     put_back = snapshot.changed_variables if snapshot is not None else []
     flags.restore(torch)
     verdict = check.verify()
+    del check  # its entries hold the model and the cell's variables: a raised cell's traceback keeps this frame
     result, defined, loaders = assemble(torch, instruments, request, namespace, used, gpu_phases, peak_memory,
-                                         loop_source, error, run_seconds, cuda_before)
+                                         loop_source, error, run_seconds, cuda_before,
+                                         # A cell's code (the magic's, which has its source) drives a loop the
+                                         # source lifter refuses; profile_training's caller has no probes to run.
+                                         cell=code if loop_source is not None and isinstance(code, list) else None)
     if request.keep and verdict.changes:
         result.notes.append("--keep: the steps changed " + "; ".join(c.kept_line() for c in verdict.changes) + ".")
     elif not request.keep:
@@ -234,7 +238,8 @@ def _apply(torch: Any, run: Callable[[], Any], request: ProfileRequest, namespac
     before_figures = RunFigures.fastest(figures[False]) if after is not None else before.figures()
     applied = AppliedFixes(applied=[] if interrupted else fixes.titles, left_out=fixes.left_out,
                            checked=fixes.checked, code=[] if interrupted else fixes.code, before=before_figures,
-                           after=after, runs_each=len(figures[True]) if after else 1, interrupted=interrupted)
+                           after=after, runs_each=len(figures[True]) if after else 1, interrupted=interrupted,
+                           not_tried=fixes.not_tried)
     return replace(before, applied=applied)
 
 

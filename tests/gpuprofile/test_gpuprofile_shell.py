@@ -328,13 +328,19 @@ def test_a_loop_that_returns_from_its_function_is_profiled_and_says_why_its_step
                 "        loss.backward()\n        opt.step()\n").raise_error()
     result = ip.run_line_magic("gpuprofile", "-o -q --steps 3 --warmup 1 train()")
     assert result.steps == 3
-    assert all(r.name is None and "`return` at line 6" in r.reason for r in result.ready_steps)
-    assert "profile_step" not in ip.user_ns
-    # The plan names the wrappers the "Ready steps" section prints to fill in, not a placeholder of its own.
+    assert all("`return` at line 6" in r.reason for r in result.ready_steps)
+    # Not lifted, but driven (issue 51): train() itself runs, one optimizer step a call; only %batchprobe, which
+    # needs a batch it can resize, gets the wrapper to fill in.
+    ready = {r.probe: r.name for r in result.ready_steps}
+    assert ready == {"%dataprobe": "profile_step", "%speedprobe": "profile_train_step", "%batchprobe": None}
+    assert callable(ip.user_ns["profile_step"]) and callable(ip.user_ns["profile_train_step"])
+    assert any(note.startswith("The ready steps are driven, not lifted (a `return` at line 6)")
+               for note in result.notes), result.notes
+    # The plan names the commands the "Ready steps" section prints, not a placeholder of its own.
     probe_commands = [item.command for item in result.plan if item.command.startswith("%")]
-    assert probe_commands and all(command.startswith(("%dataprobe loader --step step", "%speedprobe train_step",
-                                                      "%batchprobe sized_step")) for command in probe_commands), \
-        probe_commands
+    assert probe_commands and all(command.startswith(("%dataprobe loader --step profile_step",
+                                                      "%speedprobe profile_train_step", "%batchprobe sized_step"))
+                                  for command in probe_commands), probe_commands
 
 
 def test_a_step_based_loop_with_next_and_a_max_steps_guard_is_lifted_and_its_steps_run(ip) -> None:
@@ -625,12 +631,17 @@ def test_apply_says_why_nothing_was_applied_when_the_step_cannot_be_lifted(ip) -
     ip.run_cell("def train():\n    for x, y in loader:\n        opt.zero_grad()\n"
                 "        loss = nn.functional.cross_entropy(model(x), y)\n        if loss < 0:\n"
                 "            return loss\n        loss.backward()\n        opt.step()\n").raise_error()
+    # The loop is not lifted (its `return`), but since issue 51 its steps are driven, so --apply measures the
+    # fixes on them; "nothing could be measured" is said only where no step was defined at all.
     result = ip.run_line_magic("gpuprofile", "-o -q --apply --steps 3 --warmup 1 train()")
-    assert result.applied is not None and result.applied.after is None and result.applied.applied == []
-    [(what, why)] = result.applied.left_out
-    assert what == "every fix" and "`return` at line 6" in why
-    text = render_text(result)  # nothing was measured: not "no fix helped"
-    assert "applied: nothing: no fix could be measured (why, below)" in text and "no fix helped" not in text
+    assert result.applied is not None
+    assert all(what != "every fix" for what, _ in result.applied.left_out), result.applied.left_out
+    text = render_text(result)
+    assert "applied: nothing: no fix could be measured" not in text
+    del ip.user_ns["profile_train_step"]  # a step no probe can take: --apply says why, and applies nothing
+    from jupyter_gpu.gpuprofile.apply import choose_fixes
+    fixes = choose_fixes(torch, ip.user_ns, result, ["loader"], compile_too=False, data_seconds=1.0, progress=None)
+    assert not fixes.options and [what for what, _ in fixes.left_out] == ["every fix"]
 
 
 @pytest.mark.parametrize(("line", "message"), [
@@ -1172,7 +1183,17 @@ def test_a_loop_without_a_dataloader_inside_a_function_or_stepping_every_few_ite
     ip.user_ns["profile_train_step"]()  # closes over the function's `iterations`
     accumulating = NANO_LOOP.replace("    optimizer.step()\n", "    if it % 2 == 1:\n        optimizer.step()\n")
     result = ip.run_cell("%%gpuprofile -o -q --steps 3 --warmup 1\n" + accumulating).result
-    assert result.ready_steps[0].name is None and "gradient accumulation" in result.ready_steps[0].reason
+    # Not lifted (it steps only every other iteration), but driven (issue 51): the cell itself runs, stopped at its
+    # next module call once the optimizer has stepped: one step of two batches a call.
+    [driven] = [r for r in result.ready_steps if r.name]
+    assert driven.name == "profile_train_step" and "gradient accumulation" in driven.reason
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
+    try:
+        loss = ip.run_cell("profile_train_step()").result
+    finally:
+        handle.remove()
+    assert steps == [1] and isinstance(loss, torch.Tensor) and loss.ndim == 0
 
 
 
