@@ -129,7 +129,8 @@ def generator_kind(value: object) -> bool:
     return generator_access(value) is not None
 
 
-def _training_kinds() -> tuple[tuple[str, tuple[type, ...]], ...]:
+def training_kinds() -> tuple[tuple[str, tuple[type, ...]], ...]:
+    """The torch classes of each training-object kind; empty where the kernel has not imported torch."""
     torch = loaded_torch()
     if torch is None:
         return ()
@@ -140,6 +141,14 @@ def _training_kinds() -> tuple[tuple[str, tuple[type, ...]], ...]:
         ("scheduler", (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)),
         ("scaler", (torch.amp.GradScaler,)),  # torch.cuda.amp.GradScaler is a subclass
     )
+
+
+def training_kind(value: object, kinds: tuple[tuple[str, tuple[type, ...]], ...]) -> str | None:
+    """The training-object kind of `value` ("module", "optimizer", "scheduler", "scaler"), or None."""
+    try:
+        return next((kind for kind, classes in kinds if isinstance(value, classes)), None)
+    except Exception:  # a proxy whose __class__ raises is not a training object
+        return None
 
 
 def _not_a_variable(value: Any) -> bool:
@@ -204,7 +213,7 @@ class _Walk:
     _referenced: set[tuple[int, str, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self._kinds = _training_kinds()
+        self._kinds = training_kinds()
         for name, value in list(self.namespace.items()):
             if isinstance(name, str) and not name.startswith("_") and name not in _HISTORY_NAMES:
                 self.names.setdefault(id(value), name)
@@ -234,10 +243,7 @@ class _Walk:
     # -- one value -----------------------------------------------------------------------------------------
 
     def kind_of(self, value: object) -> str | None:
-        try:
-            kind = next((kind for kind, classes in self._kinds if isinstance(value, classes)), None)
-        except Exception:  # a proxy whose __class__ raises is not a training object
-            return None
+        kind = training_kind(value, self._kinds)
         return kind if kind is not None else ("generator" if generator_kind(value) else None)
 
     def record(self, path: str, value: object, kind: str) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_gpu.kernel_torch import loaded_torch
-from jupyter_gpu.probekit.reach import generator_access, reach_from_step
+from jupyter_gpu.probekit.reach import generator_access, reach_from_step, training_kind, training_kinds
 from jupyter_gpu.probekit.step_variables import StepVariables
 from jupyter_gpu.probekit.user_objects import holds_attributes
 
@@ -105,7 +105,7 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
     found = TrainingObjects([], [], [], [])
     if loaded_torch() is None:
         return found
-    kinds = _kinds()
+    kinds = training_kinds()  # torch is imported: loaded_torch() above
     seen: set[int] = set()
     candidates = named_values(namespace)
     if step is not None:
@@ -118,33 +118,13 @@ def find_training_objects(namespace: Mapping[str, Any], step: Callable[..., Any]
                    if item.kind != "variable")
         candidates = _chain_candidates(candidates, reached)
     for label, value in candidates:
-        kind = _kind_of(value, kinds)
+        kind = training_kind(value, kinds)
         if kind is not None and id(value) not in seen:
             seen.add(id(value))
-            getattr(found, kind).append(value)
+            getattr(found, kind + "s").append(value)  # TrainingObjects' lists: modules, optimizers, ...
             found.labels[id(value)] = label
     found.modules = _outermost(found.modules)
     return found
-
-
-def _kinds() -> tuple[tuple[str, tuple[type, ...]], ...]:
-    """The TrainingObjects list each torch class goes to; the caller has checked torch is already imported."""
-    import torch
-
-    lr_scheduler = torch.optim.lr_scheduler
-    return (
-        ("modules", (torch.nn.Module,)),
-        ("optimizers", (torch.optim.Optimizer,)),
-        ("schedulers", (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)),
-        ("scalers", (torch.amp.GradScaler,)),  # torch.cuda.amp.GradScaler is a subclass
-    )
-
-
-def _kind_of(value: object, kinds: tuple[tuple[str, tuple[type, ...]], ...]) -> str | None:
-    try:
-        return next((kind for kind, classes in kinds if isinstance(value, classes)), None)
-    except Exception:  # a proxy whose __class__ raises is not a training object
-        return None
 
 
 def _chain_candidates(*sources: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:

@@ -44,8 +44,9 @@ def test_lbfgs_on_an_input_image_as_the_neural_style_transfer_tutorial():
     assert_closure_named(fp16(run_style_transfer, {"cnn": cnn, "input_img": input_img, "optimizer": optimizer}))
 
 
-def test_lbfgs_training_a_model_as_the_torch_optim_docs_show():
-    # pytorch/pytorch docs/source/optim.rst, "optimizer.step(closure)": LBFGS re-evaluates the function several times.
+def lbfgs_training():
+    """pytorch/pytorch docs/source/optim.rst, "optimizer.step(closure)": LBFGS re-evaluates the function several
+    times. The step and the notebook it runs in."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
@@ -59,7 +60,11 @@ def test_lbfgs_training_a_model_as_the_torch_optim_docs_show():
             return loss
         return optimizer.step(closure)
 
-    assert_closure_named(fp16(train_step, {"model": model, "optimizer": optimizer}))
+    return train_step, {"model": model, "optimizer": optimizer}
+
+
+def test_lbfgs_training_a_model_as_the_torch_optim_docs_show():
+    assert_closure_named(fp16(*lbfgs_training()))
 
 
 def test_sgd_stepped_through_a_closure_as_the_torch_optim_docs_show():
@@ -137,19 +142,6 @@ def test_sam_with_its_closure_as_davda54_sam_readme():
 
 def test_bf16_is_still_tried_with_a_closure_optimizer():
     # The guard: autocast alone needs no GradScaler, so bf16 runs (and is judged) on the LBFGS step.
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
-    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
-    x, y = torch.randn(32, 8), torch.randn(32, 1)
-
-    def train_step():
-        def closure():
-            optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            return loss
-        return optimizer.step(closure)
-
-    trial = probe_speed(train_step, options=("amp-bf16",), steps=2,
-                        namespace={"model": model, "optimizer": optimizer}).option("amp-bf16")
+    train_step, namespace = lbfgs_training()
+    trial = probe_speed(train_step, options=("amp-bf16",), steps=2, namespace=namespace).option("amp-bf16")
     assert trial.skipped is None and trial.error is None
