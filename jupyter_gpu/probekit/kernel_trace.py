@@ -88,6 +88,10 @@ class GpuTimeline:
     median_kernel: float    # seconds
     traced_step: float | None = None  # seconds per step under torch.profiler, once set against an unprofiled step
     launch_wait: float = 0.0  # the part of host_wait between back-to-back launches (per step)
+    # The part of outside_launches that recurs before the same launch in every step (None where the steps' launches
+    # do not line up). A step's own host work (its batch, an augmentation, a metric) waits there every step; the
+    # OS taking the CPU away from a loaded host stalls one launch in one step, somewhere else in the next.
+    steady_outside: float | None = None
 
     @property
     def kernel_seconds(self) -> float:
@@ -100,11 +104,19 @@ class GpuTimeline:
         return max(0.0, self.host_wait - self.launch_wait)
 
     @property
+    def step_host_work(self) -> float:
+        """Seconds per step the GPU waited for host work the step itself does (outside_launches less the one-off
+        stalls, where the steps' launches line up)."""
+        if self.steady_outside is None:
+            return self.outside_launches
+        return min(self.outside_launches, self.steady_outside)
+
+    @property
     def launch_bound(self) -> bool:
         """Many short kernels and the GPU mostly idle, waiting between launches rather than for host work outside
         them (a step that makes its own batches or augments on the CPU is host-bound, not launch-bound)."""
         return (self.kernels_per_step >= LAUNCH_BOUND_MIN_KERNELS and self.median_kernel < LAUNCH_BOUND_MEDIAN_KERNEL
-                and self.busy < LAUNCH_BOUND_BUSY and self.launch_wait + self.kernel_wait > self.outside_launches)
+                and self.busy < LAUNCH_BOUND_BUSY and self.launch_wait + self.kernel_wait > self.step_host_work)
 
     def at_step(self, step: float) -> GpuTimeline:
         """This timeline as an unprofiled step of `step` seconds sees it: the same kernels, the rest of the step
@@ -118,7 +130,8 @@ class GpuTimeline:
         return replace(self, window=step * self.steps, busy=kernels / step, host_wait=share(self.host_wait),
                        kernel_wait=share(self.kernel_wait),
                        other_wait=share(self.other_wait) if waits > 0 else idle,
-                       launch_wait=share(self.launch_wait), traced_step=self.window / self.steps)
+                       launch_wait=share(self.launch_wait), traced_step=self.window / self.steps,
+                       steady_outside=None if self.steady_outside is None else share(self.steady_outside))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "launch_bound": self.launch_bound}
@@ -135,28 +148,54 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
             busy += end - start
         covered = max(covered, event.end)
     waits = {"host": 0.0, "launch": 0.0, "kernel": 0.0, "other": 0.0}
+    steady: float | None = 0.0
     for stream in {e.stream for e in events}:
         previous: GpuEvent | None = None
         previous_end = 0.0
-        for event in (e for e in ordered if e.stream == stream):
+        on_stream = [e for e in ordered if e.stream == stream]
+        outside = [0.0] * len(on_stream)  # before each launch: the GPU's wait for host work other than launching
+        for index, event in enumerate(on_stream):
             if previous is not None and event.start > previous_end:
                 gap = event.start - previous_end
                 if event.launched is not None and event.launched > previous_end:
                     waits["host"] += gap
                     if previous.launched is not None and event.launched - previous.launched <= LAUNCH_SPACING:
                         waits["launch"] += gap
+                    else:
+                        outside[index] = gap
                 elif gap < KERNEL_WAIT_SECONDS:
                     waits["kernel"] += gap
                 else:
                     waits["other"] += gap
             previous_end = event.end if previous is None else max(previous_end, event.end)
             previous = event
+        steady = _add(steady, _steady_wait(outside, steps))
     length = window[1] - window[0]
     return GpuTimeline(steps=steps, window=length, busy=busy / length, host_wait=waits["host"] / steps,
                        kernel_wait=waits["kernel"] / steps, other_wait=waits["other"] / steps,
                        kernels_per_step=len(events) / steps,
                        median_kernel=statistics.median(e.end - e.start for e in events),
-                       launch_wait=waits["launch"] / steps)
+                       launch_wait=waits["launch"] / steps,
+                       steady_outside=None if steady is None else steady / steps)
+
+
+def _steady_wait(outside: list[float], steps: int) -> float | None:
+    """The waits before each launch that recur in every step: where each step launched the same number of kernels on
+    the stream, the k-th launch's wait is the least it was over the steps (the first step's first launch has no gap
+    before it, so it is judged over the others), summed over k and over the steps that have it. None where the
+    launches do not line up."""
+    if steps < 2 or not outside or len(outside) % steps:
+        return None
+    per_step = len(outside) // steps
+    total = 0.0
+    for k in range(per_step):
+        seen = [outside[i * per_step + k] for i in range(steps) if i * per_step + k > 0]
+        total += min(seen, default=0.0) * len(seen)
+    return total
+
+
+def _add(total: float | None, part: float | None) -> float | None:
+    return None if total is None or part is None else total + part
 
 
 # CUDA builds before this one crash on a trace that follows a CUDA graph capture in the same process, once CUPTI was

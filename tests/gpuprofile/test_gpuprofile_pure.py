@@ -676,6 +676,29 @@ def test_many_short_kernels_with_an_idle_gpu_are_launch_bound_and_planned() -> N
     assert "reduce-overhead" in item.command and "200 kernels per step" in item.detail
 
 
+def test_a_loaded_hosts_one_off_stalls_do_not_make_a_launch_bound_step_host_bound() -> None:
+    # As in CI on 2 loaded cores: a launch-bound step's launches came 25-30 us apart, but the OS took the CPU away
+    # 3-7 times in 3 steps for 3-8 ms each, somewhere different each time; the sum outgrew the launches' waits and
+    # the verdict flipped to host-bound. A step's own host work (its batch) waits before the same launch every step.
+    from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse
+
+    def trace(stall_at: list[int]) -> list[GpuEvent]:
+        events, now = [], 0.0
+        for i in range(3 * 40):
+            now += 0.004 if i in stall_at else 30e-6
+            events.append(GpuEvent(now + 2e-6, now + 5e-6, stream=7, launched=now))
+        return events
+
+    stalled = analyse(trace([7, 53, 61, 118]), steps=3, window=(0.0, trace([7, 53, 61, 118])[-1].end))
+    assert stalled is not None and stalled.outside_launches > stalled.launch_wait  # the sum alone says host work
+    assert stalled.step_host_work == 0.0 and stalled.launch_bound
+    batch = [40, 80]  # 4 ms before the first launch of every step after the first: the step makes its batch
+    host = analyse(trace(batch), steps=3, window=(0.0, trace(batch)[-1].end))
+    assert host is not None and host.step_host_work == pytest.approx(host.outside_launches) and not host.launch_bound
+    ragged = analyse(trace([7, 53, 61, 118])[:-1], steps=3, window=(0.0, 0.02))  # launches that do not line up
+    assert ragged is not None and ragged.steady_outside is None and not ragged.launch_bound
+
+
 def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_the_step() -> None:
     # As on the H200: torch.profiler slowed a 38.4 ms transformer step to about 53 ms, and the trace had the GPU
     # waiting 46 ms a step for the host; the plan said "launch-bound (45.9 ms/step)" on a 38.4 ms step.
