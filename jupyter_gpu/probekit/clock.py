@@ -14,6 +14,21 @@ from jupyter_gpu.kernel_torch import allocator_counters, context_devices, cuda_i
 from jupyter_gpu.probekit.device_memory import DeviceMemory
 
 
+def eager_op_floor(torch: Any, calls: int = 200, rounds: int = 5) -> float:
+    """Seconds this host takes to dispatch one eager operator that does almost no arithmetic (an add of two
+    one-element CPU tensors), the least of a few rounds: the yardstick per-operator overhead is judged against. It
+    differs by host (1.4 us on one machine, 2.1-3.2 us on a 2-core EPYC), so a fixed microsecond line misjudges the
+    same step on a slower host. About 2 ms; on the CPU, so it never touches CUDA."""
+    one = torch.ones(1)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(calls):
+            one.add(one)
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
 def record_event(torch: Any, index: int) -> Any:
     """A timing event recorded now on device `index`'s current stream.
 

@@ -67,8 +67,11 @@ SCALER_COLLAPSE_HALVINGS = 3
 # PyTorch's dispatcher adds a few more, so ~20 us per operator means the kernels finish before the next arrives.
 GPU_LAUNCH_BOUND_SECONDS_PER_OP = 20e-6
 # On the CPU the same shape of problem is per-operator overhead: 1.4 us for an eager op on one element and
-# 7.8 us per Linear(32, 32) at batch 4 on our machine; under 10 us per op the arithmetic is not what costs.
-CPU_OVERHEAD_BOUND_SECONDS_PER_OP = 10e-6
+# 7.8 us per Linear(32, 32) at batch 4 on one machine; under about 7 times the host's own one-element op (10 us
+# there) the arithmetic is not what costs. A fixed 10 us misjudged a 2-core EPYC, whose one-element op takes
+# 2.1-3.2 us: a tiny MLP at batch 1 took 11.4 us an operator there and was called not overhead-bound.
+CPU_OVERHEAD_BOUND_FLOORS = 7.0
+CPU_OVERHEAD_BOUND_SECONDS_PER_OP = 10e-6  # where the host's floor was not measured
 # Fewer operators than this and the per-op time says little (one big matmul is not "launch-bound").
 MIN_OPS_FOR_LAUNCH_VERDICT = 20
 
@@ -242,16 +245,23 @@ def choose_best(singles: Sequence[OptionTrial], combination: OptionTrial | None)
     return max(candidates, key=lambda trial: trial.speedup or 0.0, default=None)
 
 
-def launch_bound(device_type: str, ops: int, step_seconds: float, traced: bool | None = None) -> bool:
+def launch_bound(device_type: str, ops: int, step_seconds: float, traced: bool | None = None,
+                 op_floor: float | None = None) -> bool:
     """Whether the step's time is per-operator overhead. Where a kernel trace was taken, its verdict decides
     (`traced`: `GpuTimeline.launch_bound`, the one rule %%gpuprofile's plan uses too: many short kernels, the GPU idle
     most of the step, between back-to-back launches rather than while the host does other work); on the H200's
     slower host a tiny MLP took 32 µs an operator, over the fixed 20 µs, with its GPU idle most of the step, and a
     step that makes its own batches leaves the GPU idle without being launch-bound. Without a trace: many operators,
-    each taking about a launch's time."""
+    each taking about a launch's time; on the CPU, measured against this host's own one-element operator (`op_floor`,
+    probekit.clock.eager_op_floor) where it was measured."""
     if ops < MIN_OPS_FOR_LAUNCH_VERDICT or step_seconds <= 0:
         return False
     if traced is not None:
         return traced
-    limit = GPU_LAUNCH_BOUND_SECONDS_PER_OP if device_type != "cpu" else CPU_OVERHEAD_BOUND_SECONDS_PER_OP
+    if device_type != "cpu":
+        limit = GPU_LAUNCH_BOUND_SECONDS_PER_OP
+    elif op_floor is not None and op_floor > 0:
+        limit = CPU_OVERHEAD_BOUND_FLOORS * op_floor
+    else:
+        limit = CPU_OVERHEAD_BOUND_SECONDS_PER_OP
     return step_seconds / ops <= limit

@@ -106,8 +106,10 @@ def launch_paragraph(result: SpeedProbeResult) -> str | None:
         compiled = [trial for trial in result.options if trial.name == "compile" and trial.measured]
         cure = ("a bigger batch cuts it (torch.compile, measured above, did not)"
                 if compiled and not (compiled[0].speedup or 0) > 1 else "a bigger batch or torch.compile cuts it")
-        return (f"overhead-bound: {measured}: Python and PyTorch's dispatcher, not arithmetic, take the time; "
-                f"{cure}.")
+        yardstick = (f" (this host dispatches a one-element operator in {format_seconds(launch.op_floor)})"
+                     if launch.op_floor else "")
+        return (f"overhead-bound: {measured}{yardstick}: Python and PyTorch's dispatcher, not arithmetic, take the "
+                f"time; {cure}.")
     if launch.gpu_busy is not None:
         return (f"launch-bound: {measured}, and the GPU ran kernels for {launch.gpu_busy:.0%} of the step "
                 f"({_kernels(launch)}, traced): it waits on Python. A bigger batch, compile-reduce-overhead (CUDA "

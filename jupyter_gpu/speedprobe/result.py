@@ -93,6 +93,9 @@ class LaunchProfile:
     # against the untraced step; None where no trace was taken (the CPU, or the profiler failed).
     gpu_busy: float | None = None
     kernels: float | None = None  # kernels one traced call launched
+    # CPU: seconds this host took for a one-element eager operator (probekit.clock.eager_op_floor), the yardstick
+    # the verdict used; None where it was not measured.
+    op_floor: float | None = None
 
     @property
     def seconds_per_op(self) -> float:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from jupyter_gpu.probekit.clock import eager_op_floor
 from jupyter_gpu.probekit.cpu_contention import ContentionWatch
 from jupyter_gpu.probekit.fingerprint import GLOBAL_RNG, Custom, Fingerprint, Verdict, object_claims, reach_of
 from jupyter_gpu.probekit.kernel_trace import GpuTimeline, trace_kernels
@@ -476,10 +477,13 @@ class _Probe:
         ops = int(run.ops.get(device_type, 0))
         timeline = self.timeline.at_step(baseline.seconds) if self.timeline is not None else None
         busy = timeline.busy if timeline is not None else None
+        floor = eager_op_floor(self.setting.torch) if device_type == "cpu" and timeline is None else None
         return LaunchProfile(device=str(self.setting.device), ops=ops, step_seconds=baseline.seconds,
                              launch_bound=decide.launch_bound(device_type, ops, baseline.seconds,
-                                                              timeline.launch_bound if timeline is not None else None),
-                             gpu_busy=busy, kernels=timeline.kernels_per_step if timeline is not None else None)
+                                                              timeline.launch_bound if timeline is not None else None,
+                                                              op_floor=floor),
+                             gpu_busy=busy, kernels=timeline.kernels_per_step if timeline is not None else None,
+                             op_floor=floor)
 
     def _trace(self) -> None:
         """On CUDA, one more call of the step under torch.profiler: how long its kernels run, for the launch-bound

@@ -260,3 +260,18 @@ def test_a_compiled_option_that_failed_is_named_in_the_headline_and_its_row() ->
     text = render_text(result([trial("tf32", 1.3, agrees("tf32")), broken]))
     assert text.splitlines()[0].endswith("; torch.compile: failed")
     assert "failed: BackendCompilerFailed: inductor" in text_row(text, "torch.compile")
+
+
+def test_a_cpu_steps_overhead_is_judged_against_this_hosts_own_operator() -> None:
+    # As in CI on a 2-core EPYC: a one-element add took 2.1-3.2 us there (1.4 us where the old fixed 10 us line was
+    # set), and a tiny MLP at batch 1 took 11.4 us an operator: "not overhead-bound" by the fixed line.
+    from jupyter_gpu.speedprobe.decide import launch_bound
+
+    assert not launch_bound("cpu", 101, 101 * 11.4e-6)  # no floor measured: the fixed line
+    assert launch_bound("cpu", 101, 101 * 11.4e-6, op_floor=2.1e-6)  # the slower host's yardstick
+    assert not launch_bound("cpu", 101, 101 * 11.4e-6, op_floor=1.4e-6)  # the same per-op time on a faster host
+    assert not launch_bound("cpu", 8, 8 * 3e-6, op_floor=2.1e-6)  # too few operators to say
+    launch = LaunchProfile("cpu", 101, 101 * 11.4e-6, launch_bound=True, op_floor=2.1e-6)
+    text = render_text(result([trial("tf32", 1.3, agrees("tf32"))], launch=launch))
+    assert ("overhead-bound: 101 operators per step at 11.4 µs each (this host dispatches a one-element operator in "
+            "2.10 µs): Python and PyTorch's dispatcher") in text
