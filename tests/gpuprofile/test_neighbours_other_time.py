@@ -31,7 +31,7 @@ import re
 from typing import Any
 
 import pytest
-from public_loops import NANOGPT_HELPERS, NANOGPT_TRAIN_LOOP
+from public_loops import NANOGPT_GET_BATCH, NANOGPT_HELPERS, NANOGPT_TRAIN_LOOP
 
 pytestmark = pytest.mark.timing
 
@@ -64,15 +64,7 @@ ctx = nullcontext(); iter_num = 0; best_val_loss = 1e9; config = {}; model_args 
 # the data: synthetic tokens of the real dtype, and a known load cost
 train_data = np.random.default_rng(0).integers(0, 65, 100_000).astype(np.uint16)
 val_data = train_data
-def get_batch(split):
-    time.sleep(0.002)  # a known cost of making a batch
-    data = train_data if split == 'train' else val_data
-    ix = torch.randint(len(data) - block_size, (batch_size,))
-    x = torch.stack([torch.from_numpy((data[i:i+block_size]).astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy((data[i+1:i+1+block_size]).astype(np.int64)) for i in ix])
-    x, y = x.to(device), y.to(device)
-    return x, y
-
+""" + NANOGPT_GET_BATCH + """
 class TinyGPT(nn.Module):
     def __init__(self):
         super().__init__()
