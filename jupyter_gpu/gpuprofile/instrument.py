@@ -101,6 +101,7 @@ class Instruments:
         self.batches = 0
         self.stop_pending = False
         self.stopped = False
+        self.completed_steps = 0
         self.sites: dict[tuple[str, int], SyncSite] = {}
         self.site_functions: dict[tuple[str, int], str] = {}  # the function each read's line is in
         self.anomaly_detection = False  # a backward ran under torch.autograd's anomaly detection
@@ -215,6 +216,7 @@ class Instruments:
         self._accept(self.timeline.boundary())
 
     def _accept(self, record: StepRecord) -> None:
+        self.completed_steps += 1  # warm-up, profiled and traced alike: what the cell ran before it was stopped
         if self.line_clock is not None and self.line_clock.active:
             if self.line_clock.boundary(sys._getframe(1)):
                 self.line_clock.stop()

@@ -21,6 +21,7 @@ from typing import Any
 
 from jupyter_gpu.gpuprofile import lift
 from jupyter_gpu.gpuprofile.assemble import assemble
+from jupyter_gpu.gpuprofile.cell_outcome import what_the_cell_did
 from jupyter_gpu.gpuprofile.instrument import Instruments, ProfilePlan, StopProfile
 from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, DEFAULT_WARMUP, ProfileRequest
 from jupyter_gpu.gpuprofile.result import (
@@ -166,11 +167,11 @@ def profile_run(run: Callable[[], Any], request: ProfileRequest, *, namespace: d
                                          # A cell's code (the magic's, which has its source) drives a loop the
                                          # source lifter refuses; profile_training's caller has no probes to run.
                                          cell=code if loop_source is not None and isinstance(code, list) else None)
+    result.notes.insert(0, what_the_cell_did(result, instruments.stopped, instruments.completed_steps,
+                                             verdict.restored, request.keep))
     if request.keep and verdict.changes:
         result.notes.append("--keep: the steps changed " + "; ".join(c.kept_line() for c in verdict.changes) + ".")
     elif not request.keep:
-        if verdict.restored:
-            result.notes.append(f"Checked after the run: {', '.join(verdict.restored)} exactly as before the cell.")
         result.notes.extend(f"Not put back: {line}." for line in verdict.not_restored)
     if put_back:
         result.notes.append(f"{', '.join(put_back)}: notebook variables the cell changed, put back as they were with "
