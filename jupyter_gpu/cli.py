@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_allreduce_command(options)
     from jupyter_gpu.gpucheck.request import CheckRequest
     from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
+    from jupyter_gpu.gpucheck.surface import TERMINAL
 
     if options.distributed:
         return run_check_distributed(options, CheckRequest.from_options(options))
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # an unreadable --facts file or an unwritable --save path
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _print_report(report, options)
+    # A terminal or a CI log reads it: `python -m pip`, no kernel to restart (gpucheck/surface.py).
+    return _print_report(report.worded_for(TERMINAL), options)
 
 
 def run_check_distributed(options: argparse.Namespace, request: CheckRequest) -> int:

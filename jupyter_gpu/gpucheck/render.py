@@ -7,6 +7,7 @@ from html import escape
 
 from jupyter_gpu.gpucheck.diagnose.stack import GpuLine, LastCell, Stack
 from jupyter_gpu.gpucheck.report import GpuCheckReport
+from jupyter_gpu.gpucheck.surface import TERMINAL, for_terminal
 from jupyter_gpu.render_kit import (
     COLOUR,
     SIMULATED_HTML,
@@ -83,12 +84,14 @@ def torch_probe_line(facts: dict) -> str:
 
 
 def render_text(report: GpuCheckReport) -> str:
-    lines = [f"{STATUS_MARK[report.status]} {report.verdict}"]
+    terminal = report.surface == TERMINAL  # `jupyter-gpu check`: worded for a terminal (gpucheck/surface.py)
+    verdict = for_terminal(report.verdict, report.python) if terminal else report.verdict
+    lines = [f"{STATUS_MARK[report.status]} {verdict}"]
     if _simulated(report):
         lines[0] += SIMULATED_TEXT
     if report.stack is not None:
         lines.extend(rows_text(stack_rows(report.stack)))
-    lines.extend(findings_text(report.findings))
+    lines.extend(findings_text(report.terminal_findings if terminal else report.findings))
     if report.verbose:
         lines.append("")
         lines.append(torch_probe_line(report.facts))

@@ -6,10 +6,11 @@ Follows IPython's `TimeitResult`: plain data, `__str__` for terminals, `_repr_ht
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from jupyter_gpu.gpucheck.diagnose.stack import Stack
+from jupyter_gpu.gpucheck.surface import NOTEBOOK, for_terminal
 from jupyter_gpu.models import Finding, RichResult, Status, primary_finding
 
 REPORT_SCHEMA_VERSION = 1
@@ -70,6 +71,9 @@ class GpuCheckReport(RichResult):
     facts: dict[str, Any] = field(repr=False)
     verbose: bool = False
     stack: Stack | None = field(default=None, repr=False)  # the versions and GPUs at a glance
+    # Where the report is read: "notebook" (%gpucheck, require_gpu) or "terminal" (jupyter-gpu check, ./dev check);
+    # the fix lines are worded for it (gpucheck/surface.py).
+    surface: str = NOTEBOOK
 
     @property
     def primary(self) -> Finding | None:
@@ -83,6 +87,28 @@ class GpuCheckReport(RichResult):
             return CheckBrief(self.status, self.verdict, None, [], None)
         headline = None if _says(self.verdict, primary.headline) else primary.headline
         return CheckBrief(self.status, self.verdict, headline, list(primary.fix), primary.code)
+
+    @property
+    def python(self) -> str:
+        """The interpreter that runs torch here, for a terminal's `python -m pip`."""
+        return (self.facts.get("python") or {}).get("executable") or \
+            (self.facts.get("context") or {}).get("python") or "python"
+
+    def worded_for(self, surface: str) -> GpuCheckReport:
+        """This report, read on `surface` ("notebook" or "terminal"): its text rendering words the verdict, headlines,
+        evidence and fix lines for it; its findings and JSON keep the notebook's form beside the terminal's."""
+        return replace(self, surface=surface)
+
+    @property
+    def terminal_findings(self) -> list[Finding]:
+        """The findings as a terminal reads them (gpucheck/surface.py)."""
+        def words(value: Any) -> Any:  # evidence quotes fixes too: "not suggested here: `%pip install ...`"
+            if isinstance(value, str):
+                return for_terminal(value, self.python)
+            return [words(item) for item in value] if isinstance(value, list) else value
+
+        return [replace(f, headline=words(f.headline), fix=words(f.fix),
+                        evidence={key: words(value) for key, value in f.evidence.items()}) for f in self.findings]
 
     @property
     def codes(self) -> list[str]:
@@ -101,7 +127,10 @@ class GpuCheckReport(RichResult):
             "gpu_usable": self.gpu_usable,
             "devices": [d.to_dict() for d in self.devices],
             "primary": self.primary.code if self.primary else None,
-            "findings": [f.to_dict() for f in self.findings],
+            "surface": self.surface,
+            # Each fix in both wordings: the notebook's (`fix`) and the terminal's (`fix_terminal`).
+            "findings": [{**f.to_dict(), "fix_terminal": [for_terminal(line, self.python) for line in f.fix]}
+                         for f in self.findings],
             "stack": self.stack.to_dict() if self.stack else None,
         }
         if include_facts:

@@ -84,7 +84,9 @@ def bare_env(tmp_path, bare_python):
 def test_fresh_venv_without_torch_names_its_interpreter(bare_python, bare_env, tmp_path):
     done = run(["-m", "jupyter_gpu", "check"], env=bare_env, python=bare_python, cwd=str(tmp_path))
     assert done.returncode == 1
-    assert f"torch is not installed in this kernel's environment ({bare_python})" in done.stdout
+    # Worded for a terminal (issue 52): the interpreter's environment, and pip through that interpreter.
+    assert f"torch is not installed in this Python's environment ({bare_python})" in done.stdout
+    assert f"{bare_python} -m pip install" in done.stdout and "%pip" not in done.stdout
 
 
 def test_exit_zero_when_a_gpu_is_usable(tmp_path, bare_python):
