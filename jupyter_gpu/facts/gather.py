@@ -33,6 +33,8 @@ RELEVANT_ENV: tuple[str, ...] = tuple(dict.fromkeys((
     "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_MODULE_LOADING", "PYTHONPATH", "PYTHONNOUSERSITE",
     "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "JPY_PARENT_PID", "VSCODE_PID", "COLAB_RELEASE_TAG",
     "KAGGLE_KERNEL_RUN_TYPE", "WSL_DISTRO_NAME", "KUBERNETES_SERVICE_HOST",
+    # What feeds the panels in this process: a simulated or replayed backend is said beside the real check.
+    "JUPYTER_GPU_BACKEND",
     # Who may open the GPU (snapshot_schedulers.py): what the job schedulers set inside a job and when it was given
     # GPUs, Kubernetes' service variable, a JupyterHub server's variables, WSL's.
     *ACCESS_VARIABLES,

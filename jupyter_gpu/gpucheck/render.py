@@ -89,6 +89,8 @@ def render_text(report: GpuCheckReport) -> str:
     lines = [f"{STATUS_MARK[report.status]} {verdict}"]
     if _simulated(report):
         lines[0] += SIMULATED_TEXT
+    if report.panels_note:
+        lines.append(f"  {report.panels_note}")
     if report.stack is not None:
         lines.extend(rows_text(stack_rows(report.stack)))
     lines.extend(findings_text(report.terminal_findings if terminal else report.findings))
@@ -108,6 +110,8 @@ def render_html(report: GpuCheckReport) -> str:
         f'<div style="font-weight:600;color:{colour};font-size:1.05em">'
         f"{STATUS_MARK[report.status]} {escape(report.verdict)}{simulated}</div>",
     ]
+    if report.panels_note:
+        parts.append(f"<div>{escape(report.panels_note)}</div>")
     if report.stack is not None:
         parts.append(rows_html(stack_rows(report.stack)))
     parts.append(findings_html(report.findings))

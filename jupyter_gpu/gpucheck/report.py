@@ -94,6 +94,16 @@ class GpuCheckReport(RichResult):
         return (self.facts.get("python") or {}).get("executable") or \
             (self.facts.get("context") or {}).get("python") or "python"
 
+    @property
+    def panels_note(self) -> str | None:
+        """One line where a simulated or replayed backend feeds the panels (JUPYTER_GPU_BACKEND) while this check
+        read the real machine: the two must never be mixed silently."""
+        backend = ((self.facts.get("env") or {}).get("JUPYTER_GPU_BACKEND") or "").strip()
+        if not backend.startswith(("simulated:", "replay:")) or (self.facts.get("context") or {}).get("simulated"):
+            return None
+        return (f"The panels and %gpupanel show {backend} (JUPYTER_GPU_BACKEND), not this machine's GPUs; this check "
+                "reads the real machine.")
+
     def worded_for(self, surface: str) -> GpuCheckReport:
         """This report, read on `surface` ("notebook" or "terminal"): its text rendering words the verdict, headlines,
         evidence and fix lines for it; its findings and JSON keep the notebook's form beside the terminal's."""
@@ -128,6 +138,7 @@ class GpuCheckReport(RichResult):
             "devices": [d.to_dict() for d in self.devices],
             "primary": self.primary.code if self.primary else None,
             "surface": self.surface,
+            "panels_note": self.panels_note,
             # Each fix in both wordings: the notebook's (`fix`) and the terminal's (`fix_terminal`).
             "findings": [{**f.to_dict(), "fix_terminal": [for_terminal(line, self.python) for line in f.fix]}
                          for f in self.findings],
