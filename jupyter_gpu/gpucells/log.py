@@ -7,6 +7,7 @@ shown or not.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,11 @@ from jupyter_gpu.units import format_bytes, format_seconds
 DEFAULT_SHOWN = 10
 SLOWEST_FLAGGED = 3
 SLOW_CELL_S = 1.0  # a cell faster than this is never "slowest": there is nothing there to win
+# "Slowest" is relative: a cell is flagged only among enough cells to compare, and only when it took several times
+# what the notebook's cells typically take. With two cells shown both were flagged; with five of about 2 s each the
+# three slightly slower ones were: neither says where the time went.
+MIN_CELLS_COMPARED = 5
+SLOWER_THAN_MEDIAN = 3.0
 
 
 def row_from_record(record: dict[str, Any]) -> CellRow:
@@ -58,7 +64,9 @@ def build_log(records: list[dict[str, Any]], shown: int = DEFAULT_SHOWN, *, cuda
     every = [row_from_record(record) for record in records]
     growing = _growing(every)
     last = every[-shown:] if shown else []
-    slow = sorted((row for row in last if row.wall_seconds >= SLOW_CELL_S), key=lambda r: -r.wall_seconds)
+    median = statistics.median(row.wall_seconds for row in last) if last else 0.0
+    slow = sorted((row for row in last if len(last) >= MIN_CELLS_COMPARED and row.wall_seconds >= SLOW_CELL_S
+                   and row.wall_seconds >= SLOWER_THAN_MEDIAN * median), key=lambda r: -r.wall_seconds)
     slowest = {id(row) for row in slow[:SLOWEST_FLAGGED]}
     rows: list[CellRow] = []
     for row in last:
@@ -71,7 +79,9 @@ def build_log(records: list[dict[str, Any]], shown: int = DEFAULT_SHOWN, *, cuda
             flags.append(CellFlag(MEMORY_GROWS, f"memory grew every run ({growth}): %gpumem --watch, run it "
                                                 "again, then %gpumem --history names what it keeps"))
         if id(row) in slowest:
-            flags.append(CellFlag(SLOWEST, f"one of the slowest cells shown ({format_seconds(row.wall_seconds)})"))
+            times = row.wall_seconds / median if median > 0 else float("inf")
+            flags.append(CellFlag(SLOWEST, f"{format_seconds(row.wall_seconds)}, {times:.0f}x the median cell of the "
+                                           f"{len(last)} shown ({format_seconds(median)})"))
         rows.append(replace(row, flags=tuple(flags)))
     notes = []
     if not cuda_now:

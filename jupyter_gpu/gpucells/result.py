@@ -9,7 +9,7 @@ from jupyter_gpu.models import RichResult
 
 IDLE_GPU = "idle-gpu"          # held the GPU and kept it under 10% busy
 MEMORY_GROWS = "memory-grows"  # memory grew run after run (the rule %gpumem --watch uses)
-SLOWEST = "slowest"            # among the slowest cells shown
+SLOWEST = "slowest"            # several times the median cell shown, among enough cells to compare
 
 
 @dataclass(frozen=True)

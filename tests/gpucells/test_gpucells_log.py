@@ -60,10 +60,10 @@ def test_runs_older_than_the_rows_shown_still_count_towards_growth():
     assert codes(log, 8) == [MEMORY_GROWS] and log.recorded == 8
 
 
-def test_the_three_slowest_cells_of_a_second_or_more_are_flagged():
-    seconds = {1: 0.2, 2: 12.0, 3: 1.5, 4: 30.0, 5: 0.9, 6: 2.0}
+def test_cells_several_times_the_median_of_a_second_or_more_are_flagged():
+    seconds = {1: 0.2, 2: 12.0, 3: 1.5, 4: 30.0, 5: 0.9, 6: 2.0}  # the median: 1.75 s
     log = build_log([record(n, f"c{n}", s) for n, s in seconds.items()], cuda_now=False, sampler_running=False)
-    assert {row.execution_count for row in log.rows if SLOWEST in codes(log, row.execution_count)} == {2, 4, 6}
+    assert {row.execution_count for row in log.rows if SLOWEST in codes(log, row.execution_count)} == {2, 4}
     fast = build_log([record(n, f"c{n}", 0.3) for n in range(5)], cuda_now=False, sampler_running=False)
     assert not fast.flagged and str(fast).splitlines()[0] == "gpucells: the last 5 cells; none flagged"
 
@@ -76,13 +76,14 @@ def test_the_table_shows_each_figure_and_says_what_was_not_measured():
                       peak_allocated=3 << 30, allocated_after=200 * MIB, left_behind=0, reserved_after=4 << 30)]
     log = build_log(records, cuda_now=True, sampler_running=True)
     text = str(log).splitlines()
-    assert text[0] == "gpucells: the last 3 cells; 2 flagged"
+    assert text[0] == "gpucells: the last 3 cells; none flagged"  # three cells: too few to call one slowest
     assert text[1].split() == ["In", "[n]", "cell", "wall", "GPU", "time", "GPU", "busy", "peak", "allocated",
                                "left", "behind", "flags"]
     first, started, trained = text[2:5]
     assert first.split()[-4:] == ["–", "–", "–", "–"]  # before CUDA: nothing but the wall time
     assert "CUDA started" in started and "300.0 MiB" in started and "+200.0 MiB" in started
-    assert "18.2 s" in trained and "87%" in trained and "3.0 GiB" in trained and trained.rstrip().endswith("slowest")
+    assert "18.2 s" in trained and "87%" in trained and "3.0 GiB" in trained
+    assert not trained.rstrip().endswith("slowest")
     assert not any(line.startswith("note: CUDA is not initialised") for line in text)
 
 
