@@ -14,6 +14,39 @@ STATUS_MARK = {"ok": "✓", "warn": "!", "fail": "✗"}
 SIMULATED_TEXT = "   [simulated]"
 SIMULATED_HTML = ' <span style="opacity:.7">[simulated]</span>'
 COLOUR = {"fail": "#c62828", "warn": "#b26a00", "info": "#1565c0", "ok": "#2e7d32"}
+# Code a user copies never breaks inside a word. JupyterLab's and Notebook 7's output area style every `pre` in an
+# output with `word-break: break-all` (`.jp-OutputArea-output pre`), which cut `https://download.pytorch.or` /
+# `g/whl/cu128` in the Fix block at 800 px: a block scrolls sideways in itself instead, and inline code wraps only at
+# its spaces.
+CODE_BLOCK_STYLE = ("margin:.1em 0;padding:.4em;background:var(--jp-layout-color2,#f5f5f5);white-space:pre;"
+                    "overflow-x:auto;word-break:normal;overflow-wrap:normal")
+CODE_INLINE_STYLE = "word-break:normal;overflow-wrap:normal"
+# A number's cell never wraps ("119 ms" on two lines) and lines up on its last digit.
+NUMBER_CELL_STYLE = "text-align:right;white-space:nowrap;padding-right:1em"
+
+
+def code_block_html(text: str) -> str:
+    """A block of code or commands, escaped: scrolls sideways rather than break a word."""
+    return f'<pre style="{CODE_BLOCK_STYLE}">{escape(text)}</pre>'
+
+
+def code_html(text: str) -> str:
+    """Inline code, escaped: wraps only at its spaces."""
+    return f'<code style="{CODE_INLINE_STYLE}">{escape(text)}</code>'
+
+
+def table_html(table: list[tuple[str, ...]], numeric_headings: tuple[str, ...] = ()) -> str:
+    """A table (its first row the headings) as an HTML table, every value escaped; the columns named in
+    `numeric_headings` right-aligned and never wrapped, as `table_text` aligns them."""
+    numeric = {i for i, heading in enumerate(table[0]) if heading in numeric_headings}
+
+    def cell(tag: str, index: int, text: str) -> str:
+        style = NUMBER_CELL_STYLE if index in numeric else "text-align:left;padding-right:1em"
+        return f'<{tag} style="{style}">{escape(text)}</{tag}>'
+
+    rows = ["<tr>" + "".join(cell(tag, i, text) for i, text in enumerate(row)) + "</tr>"
+            for tag, row in (("th" if n == 0 else "td", row) for n, row in enumerate(table))]
+    return f'<table style="margin:.2em 0;font-size:.9em">{"".join(rows)}</table>'
 
 
 def evidence_value(value: Any) -> str:
@@ -82,13 +115,11 @@ def findings_html(findings: list[Finding]) -> str:
             parts.append('<table style="margin:.2em 0;font-size:.9em">')
             parts.extend(
                 f'<tr><td style="text-align:left;opacity:.75;padding-right:1em">{escape(k)}</td>'
-                f'<td style="text-align:left"><code>{escape(v)}</code></td></tr>' for k, v in evidence
+                f'<td style="text-align:left">{code_html(v)}</td></tr>' for k, v in evidence
             )
             parts.append("</table>")
         if finding.fix:
-            fix = "\n".join(finding.fix)
-            parts.append(f'<div style="font-size:.9em">Fix:</div><pre style="margin:.1em 0;padding:.4em;'
-                         f'background:var(--jp-layout-color2,#f5f5f5)">{escape(fix)}</pre>')
+            parts.append(f'<div style="font-size:.9em">Fix:</div>{code_block_html(chr(10).join(finding.fix))}')
         parts.append("</li>")
     parts.append("</ol>")
     return "".join(parts)

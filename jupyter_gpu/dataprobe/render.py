@@ -12,7 +12,15 @@ from html import escape
 from jupyter_gpu.dataprobe import decide
 from jupyter_gpu.dataprobe.result import LOOP, SWEEP, VERIFY, DataProbeResult, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-from jupyter_gpu.render_kit import COLOUR, findings_html, findings_text, rows_html, rows_text, table_text
+from jupyter_gpu.render_kit import (
+    COLOUR,
+    code_block_html,
+    findings_html,
+    findings_text,
+    rows_html,
+    rows_text,
+    table_text,
+)
 from jupyter_gpu.units import format_bytes, format_duration, format_rate, format_seconds
 
 BAR_WIDTH = 30
@@ -428,8 +436,7 @@ def render_html(result: DataProbeResult) -> str:
         parts.append(rows_html(shown))
     code = result.code()
     if code is not None and any(heading == "code" for heading, _ in recommendation):
-        parts.append(f'<pre style="margin:.2em 0;padding:.4em;background:var(--jp-layout-color2,#f5f5f5)">'
-                     f"{escape(code)}</pre>")
+        parts.append(code_block_html(code))
     if result.trials:
         table = _table(result)
         parts.append('<table style="margin:.4em 0;font-size:.92em;font-variant-numeric:tabular-nums">')

@@ -7,7 +7,16 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.distributed.collective import P2P_FIX, SINGLE_RANK_NOTE, AllReduceResult
-from jupyter_gpu.render_kit import COLOUR, SIMULATED_HTML, SIMULATED_TEXT, STATUS_MARK, rows_html, rows_text, table_text
+from jupyter_gpu.render_kit import (
+    COLOUR,
+    SIMULATED_HTML,
+    SIMULATED_TEXT,
+    STATUS_MARK,
+    code_block_html,
+    rows_html,
+    rows_text,
+    table_text,
+)
 from jupyter_gpu.units import format_bytes, format_count, format_seconds
 
 SIZE_HEADINGS = ("size", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong", "% of peak")
@@ -112,8 +121,7 @@ def render_html(result: AllReduceResult) -> str:
         parts.append(_table_html(p2p_table(result)))
     fixes = fix_lines(result)
     if fixes:
-        parts.append('<div style="font-size:.9em">Fix:</div><pre style="margin:.1em 0;padding:.4em;'
-                     f'background:var(--jp-layout-color2,#f5f5f5)">{escape(chr(10).join(fixes))}</pre>')
+        parts.append(f'<div style="font-size:.9em">Fix:</div>{code_block_html(chr(10).join(fixes))}')
     parts.extend(f'<div style="font-size:.9em;opacity:.8">{escape(note)}</div>' for note in notes(result))
     parts.append("</div>")
     return "".join(parts)

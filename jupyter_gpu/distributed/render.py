@@ -15,6 +15,7 @@ from jupyter_gpu.render_kit import (
     SIMULATED_HTML,
     SIMULATED_TEXT,
     STATUS_MARK,
+    code_html,
     findings_html,
     findings_text,
     rows_html,
@@ -126,7 +127,7 @@ def render_html(report: ReadinessReport) -> str:
         mark = COLOUR["ok"] if method.works else COLOUR["fail"] if method.works is False else COLOUR["info"]
         parts.append(f'<tr><td style="text-align:left">{escape(method.name)}</td>'
                      f'<td style="text-align:left;color:{mark}">{escape(WORKS[method.works])}</td>'
-                     f'<td style="text-align:left"><code>{escape(method.example)}</code></td>'
+                     f'<td style="text-align:left">{code_html(method.example)}</td>'
                      f'<td style="text-align:left">{escape(method.why)}</td></tr>')
     parts.append("</table>")
     parts.append(findings_html(report.findings))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.gpucells.result import CellLog, CellRow
-from jupyter_gpu.render_kit import COLOUR, table_text
+from jupyter_gpu.render_kit import COLOUR, code_html, table_text
 from jupyter_gpu.units import format_bytes, format_growth, format_seconds
 
 HEADINGS = ("In [n]", "cell", "wall", "GPU time", "GPU busy", "peak allocated", "left behind", "flags")
@@ -74,7 +74,7 @@ def render_html(log: CellLog) -> str:
             cells = _cells(row)
             parts.append("<tr>" + "".join(
                 f"<td {RIGHT if HEADINGS[i] in NUMERIC else LEFT}>"
-                + (f"<code>{escape(cell)}</code>" if HEADINGS[i] == "cell" else escape(cell)) + "</td>"
+                + (f"{code_html(cell)}" if HEADINGS[i] == "cell" else escape(cell)) + "</td>"
                 for i, cell in enumerate(cells)) + "</tr>")
         parts.append("</table>")
     if log.flagged:

@@ -11,6 +11,7 @@ import math
 import statistics
 from collections.abc import Callable
 from html import escape
+from typing import Any
 
 from jupyter_gpu.gpuprofile.commands import needs_first, step_name
 from jupyter_gpu.gpuprofile.result import (
@@ -26,7 +27,7 @@ from jupyter_gpu.gpuprofile.result import (
     RunFigures,
     how_often,
 )
-from jupyter_gpu.render_kit import rows_html, rows_text, table_text
+from jupyter_gpu.render_kit import code_block_html, code_html, rows_html, rows_text, table_html, table_text
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
 
 BAR_WIDTH = 50
@@ -371,39 +372,71 @@ def _fixes_rows(applied: AppliedFixes) -> list[tuple[str, str]]:
     return rows
 
 
-def _applied_text(applied: AppliedFixes) -> list[str]:
+def _applied_blocks(applied: AppliedFixes) -> list[tuple[str, Any]]:
+    """--apply's section once, for both renderings: ("line", sentence), ("table", (rows, numeric headings)),
+    ("code", lines to keep) and ("command", a probe command it measured with)."""
     if applied.interrupted:
-        lines = [f"  interrupted (Ctrl-C) during {applied.interrupted}: nothing applied, the state put back"]
+        blocks: list[tuple[str, Any]] = [
+            ("line", f"interrupted (Ctrl-C) during {applied.interrupted}: nothing applied, the state put back")]
     else:
         # "No fix helped" only when some fix was measured; else nothing could be, for the reasons left out below.
         nothing = ("nothing (no fix helped and agreed)" if applied.checked else
                    "nothing: no fix could be measured (why, below)")
-        lines = [f"  applied: {'; '.join(applied.applied) or nothing}"]
+        blocks = [("line", f"applied: {'; '.join(applied.applied) or nothing}")]
     if applied.after is not None:
-        lines += table_text(_applied_rows(applied), ("before", "after"))
+        blocks.append(("table", (_applied_rows(applied), ("before", "after"))))
         if applied.speedup is not None and applied.reproducible:
-            lines.append(f"  {applied.speedup:.2f}x per step, measured on your loop")
+            blocks.append(("line", f"{applied.speedup:.2f}x per step, measured on your loop"))
         elif applied.speedup is not None:
             low, high = min(applied.pair_speedups), max(applied.pair_speedups)
-            lines.append(f"  not reproducible: the pairs of runs gave {low:.2f}x to {high:.2f}x, so this machine's "
-                         "speed changed while they ran (other work on it?); run --apply again when it is idle "
-                         "before keeping the fixes for their speed")
+            blocks.append(("line", f"not reproducible: the pairs of runs gave {low:.2f}x to {high:.2f}x, so this "
+                                   "machine's speed changed while they ran (other work on it?); run --apply again "
+                                   "when it is idle before keeping the fixes for their speed"))
         if applied.runs_each > 1:
             pairs = " and ".join(f"{speedup:.2f}x" for speedup in applied.pair_speedups)
             steps = len(applied.before.step_seconds) // applied.runs_each
-            lines.append(f"  each measured {applied.runs_each} times ({steps} steps each), back to back (before, "
-                         f"after, after, before), from the same state, and its faster run compared; the two pairs "
-                         f"gave {pairs}")
+            blocks.append(("line", f"each measured {applied.runs_each} times ({steps} steps each), back to back "
+                                   f"(before, after, after, before), from the same state, and its faster run "
+                                   f"compared; the two pairs gave {pairs}"))
         if applied.loss_difference is not None:
-            lines.append(f"  the losses of the two runs (same state, same batches) differ by at most "
-                         f"{applied.loss_difference:.2%} step by step")
+            blocks.append(("line", f"the losses of the two runs (same state, same batches) differ by at most "
+                                   f"{applied.loss_difference:.2%} step by step"))
     fixes = _fixes_rows(applied)
     if fixes:
-        lines += table_text([("fix", "what became of it"), *fixes])
+        blocks.append(("table", ([("fix", "what became of it"), *fixes], ())))
     if applied.code:
-        lines += ["  to keep them, in your code:"] + [f"    {line}" for line in applied.code]
-    lines += [f"  measured with: {command}" for command in applied.checked]
+        blocks += [("line", "to keep them, in your code:"), ("code", applied.code)]
+    blocks += [("command", command) for command in applied.checked]
+    return blocks
+
+
+def _applied_text(applied: AppliedFixes) -> list[str]:
+    lines = []
+    for kind, value in _applied_blocks(applied):
+        if kind == "table":
+            lines += table_text(*value)
+        elif kind == "code":
+            lines += [f"    {line}" for line in value]
+        elif kind == "command":
+            lines.append(f"  measured with: {value}")
+        else:
+            lines.append(f"  {value}")
     return lines
+
+
+def _applied_html(applied: AppliedFixes) -> str:
+    """The same section as HTML: its tables as tables (numbers right-aligned), the code to keep as a code block."""
+    parts = []
+    for kind, value in _applied_blocks(applied):
+        if kind == "table":
+            parts.append(table_html(*value))
+        elif kind == "code":
+            parts.append(code_block_html("\n".join(value)))
+        elif kind == "command":
+            parts.append(f"<div>measured with: {code_html(value)}</div>")
+        else:
+            parts.append(f"<div>{escape(value)}</div>")
+    return "".join(parts)
 
 
 # The per-step chart's tallest column and its width, in pixels: columns narrow as steps grow, 4 px at the least.
@@ -448,17 +481,10 @@ def _lost(seconds: float) -> str:
     return f"{format_seconds(seconds)}/step" if seconds else "not timed"
 
 
-def _table_html(rows: list[tuple[str, ...]]) -> str:
-    head = "".join(f'<th style="text-align:left">{escape(cell)}</th>' for cell in rows[0])
-    body = "".join("<tr>" + "".join(f'<td style="text-align:left">{escape(cell)}</td>' for cell in row) + "</tr>"
-                   for row in rows[1:])
-    return f'<table style="font-size:.9em"><tr>{head}</tr>{body}</table>'
-
-
 def render_html(result: ProfileResult) -> str:
     parts = [f"<div><b>{escape(verdict_line(result))}</b></div>"]
     if result.error:
-        parts.append(f"<div>the cell raised <code>{escape(result.error)}</code>; its traceback follows</div>")
+        parts.append(f"<div>the cell raised {code_html(result.error)}; its traceback follows</div>")
     parts += [f"<div>{escape(note)}</div>" for note in result.notes]
     parts.append(rows_html(_facts(result)))
     if not result.step_seconds:
@@ -468,12 +494,12 @@ def render_html(result: ProfileResult) -> str:
                      "profiled steps)</div>")
         parts.append(_bar_html(result.breakdown, result.steps))
         parts.append(_steps_chart_html(result))
-        parts.append(_table_html(_breakdown_rows(result)))
+        parts.append(table_html(_breakdown_rows(result), ("typical step", "share", "GPU time")))
         span = _gpu_span_note(result)
         if span:
             parts.append(f"<div>{escape(span)}</div>")
     if result.syncs:
-        items = "".join(f"<li>{escape(s.where)} <code>{escape(s.source)}</code>: {escape(', '.join(s.kinds))}, "
+        items = "".join(f"<li>{escape(s.where)} {code_html(s.source)}: {escape(', '.join(s.kinds))}, "
                         f"{how_often(s.per_step)}, {escape(format_seconds(s.seconds))}/step blocked</li>"
                         for s in result.syncs)
         parts.append(f"<div><b>Syncs</b></div><ul>{items}</ul>")
@@ -481,21 +507,22 @@ def render_html(result: ProfileResult) -> str:
         items = "".join(
             f"<li>{escape(item.cause)} ({escape(_lost(item.seconds))}"
             f"{escape(f', up to {item.ceiling:.2f}x') if item.ceiling else ''})"
-            f"{'<br>' + escape(item.detail) if item.detail else ''}<br>→ <code>{escape(item.command)}</code></li>"
+            f"{'<br>' + escape(item.detail) if item.detail else ''}<br>→ {code_html(item.command)}</li>"
             for item in result.plan)
         parts.append(f"<div><b>What to fix first</b></div><ol>{items}</ol>")
     if result.operators:
         parts.append(f"<div><b>{escape(_operators_title(result))}</b></div>")
-        parts.append(_table_html(_operator_rows(result)))
+        operators = _operator_rows(result)
+        parts.append(table_html(operators, operators[0][1:6]))
     if result.applied is not None:
         parts.append("<div><b>--apply: before and after</b></div>")
-        parts.append("<pre>" + escape("\n".join(_applied_text(result.applied))) + "</pre>")
+        parts.append(_applied_html(result.applied))
     if result.ready_steps:
         items = "".join(
-            f"<li><code>{escape(r.command)}</code> ({escape(r.name)} is defined in {escape(result.defined_in)})</li>"
+            f"<li>{code_html(r.command)} ({escape(r.name)} is defined in {escape(result.defined_in)})</li>"
             if r.name else
-            f"<li>first define <code>{escape(step_name(r))}()</code> (fill in the wrapper below), then: "
-            f"<code>{escape(r.command)}</code> (not lifted: {escape(r.reason or '')})<pre>{escape(r.code)}</pre></li>"
+            f"<li>first define {code_html(step_name(r) + '()')} (fill in the wrapper below), then: "
+            f"{code_html(r.command)} (not lifted: {escape(r.reason or '')}){code_block_html(r.code)}</li>"
             for r in result.ready_steps)
         parts.append(f"<div><b>Ready steps</b></div><ul>{items}</ul>")
     if result.not_measured:

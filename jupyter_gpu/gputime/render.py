@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from html import escape
-
 from jupyter_gpu.gputime.result import GpuTimeResult
 from jupyter_gpu.render_kit import (
     COLOUR,
     SIMULATED_HTML,
     SIMULATED_TEXT,
+    code_html,
     findings_html,
     findings_text,
     rows_html,
@@ -56,7 +55,7 @@ def render_html(result: GpuTimeResult) -> str:
     colour = COLOUR["ok" if worst == "info" else worst]
     parts = [
         '<div class="jupyter-gpu-time" style="font-family:var(--jp-ui-font-family,sans-serif);line-height:1.4">',
-        f'<div style="font-weight:600;color:{colour}">gputime: <code>{escape(result.label)}</code>{simulated}</div>',
+        f'<div style="font-weight:600;color:{colour}">gputime: {code_html(result.label)}{simulated}</div>',
         rows_html(summary_rows(result)),
     ]
     parts.append(findings_html(result.findings))

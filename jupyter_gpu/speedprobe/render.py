@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text, table_text
+from jupyter_gpu.render_kit import COLOUR, code_block_html, rows_html, rows_text, table_text
 from jupyter_gpu.speedprobe.decide import LOSS_DRIFT_LIMIT, helped
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
 from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
@@ -329,5 +329,4 @@ def _code_html(code: list[str]) -> str:
     if not code:
         return ""
     return ('<div style="font-weight:600;margin-top:.4em">Code to adopt</div>'
-            '<pre style="margin:.2em 0;padding:.4em;background:var(--jp-layout-color2,#f5f5f5)">'
-            f"{escape(chr(10).join(code))}</pre>")
+            + code_block_html(chr(10).join(code)))

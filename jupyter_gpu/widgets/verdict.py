@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.gpucheck.report import CheckBrief
-from jupyter_gpu.render_kit import COLOUR
+from jupyter_gpu.render_kit import COLOUR, code_block_html
 
 
 def gpucheck_verdict_html() -> str:
@@ -23,7 +23,6 @@ def gpucheck_verdict_html() -> str:
     if brief.headline is not None:
         parts.append(f"<div>{escape(brief.headline)}</div>")
     if brief.fix:
-        fix = "\n".join(brief.fix)
-        parts.append(f'<div>Fix:</div><pre style="margin:.2em 0">{escape(fix)}</pre>')
+        parts.append(f'<div>Fix:</div>{code_block_html(chr(10).join(brief.fix))}')
     parts.append('<div style="opacity:.75">Run %gpucheck for the evidence and every finding.</div>')
     return "".join(parts)
