@@ -70,3 +70,15 @@ def test_the_text_rendering_keeps_the_same_content() -> None:
     section = text[text.index("--apply"):]
     assert "applied: bf16 autocast" in section and "left out: did not help on this step (0.98x)" in section
     assert "    model.train()" in section and "measured with: %speedprobe profile_train_step" in section
+
+
+def test_the_steps_sparkline_is_glyphs_in_text_and_bars_in_the_browser() -> None:
+    # Chromium's default monospace font drew ██████▇▇ as one solid black bar.
+    seconds = [0.1, 0.12, 0.09, 0.3, 0.1, 0.11]
+    buckets = [{"data": s / 2, "forward": s / 2} for s in seconds]
+    result = replace(profile(), step_seconds=seconds, step_buckets=buckets)
+    glyphs = set("▁▂▃▄▅▆▇█")
+    assert glyphs & set(str(result))  # the text keeps its sparkline
+    html = result._repr_html_()
+    assert not glyphs & set(html), html
+    assert "each profiled step in the order it ran" in html  # the same order, drawn with CSS bars

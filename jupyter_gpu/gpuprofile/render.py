@@ -125,7 +125,9 @@ def _flop_amount(flops: int) -> str:
     return f"{flops / 1e6:.3g} MFLOP"
 
 
-def _facts(result: ProfileResult) -> list[tuple[str, str]]:
+def _facts(result: ProfileResult, glyphs: bool = True) -> list[tuple[str, str]]:
+    """The report's facts rows. `glyphs`: the steps' sparkline in block characters, for text; a browser's default
+    monospace font draws ▁▂▃▄▅▆▇█ as one solid bar, so the HTML shows the per-step chart (CSS bars) instead."""
     rows = [("device", f"{result.device} ({result.device_name})"), ("counted", _counted(result))]
     if result.warmup_seconds and result.seconds:
         extra = sum(result.warmup_seconds) - len(result.warmup_seconds) * result.seconds
@@ -137,7 +139,8 @@ def _facts(result: ProfileResult) -> list[tuple[str, str]]:
         rows.append(("step", f"typical {format_seconds(result.seconds)} (median "
                               f"{format_seconds(statistics.median(result.step_seconds))}), "
                               f"{format_seconds(fastest)} - {format_seconds(slowest)}"
-                              + (f", in order {_sparkline(result.step_seconds)}" if result.steps > 2 else "")))
+                              + (f", in order {_sparkline(result.step_seconds)}" if glyphs and result.steps > 2
+                                 else "")))
         slowest_row = _slowest_step(result)
         if slowest_row is not None:
             rows.append(("slowest step", slowest_row))
@@ -486,7 +489,7 @@ def render_html(result: ProfileResult) -> str:
     if result.error:
         parts.append(f"<div>the cell raised {code_html(result.error)}; its traceback follows</div>")
     parts += [f"<div>{escape(note)}</div>" for note in result.notes]
-    parts.append(rows_html(_facts(result)))
+    parts.append(rows_html(_facts(result, glyphs=not _steps_chart_html(result))))
     if not result.step_seconds:
         return "\n".join(parts)  # nothing ran: no breakdown, plan or ready steps to show
     if result.breakdown:
