@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.gpucells.result import CellLog, CellRow
-from jupyter_gpu.render_kit import COLOUR, code_html, table_text
+from jupyter_gpu.render_kit import COLOUR, NUMBER_CELL_STYLE, code_html, table_text
 from jupyter_gpu.units import format_bytes, format_growth, format_seconds
 
 HEADINGS = ("In [n]", "cell", "wall", "GPU time", "GPU busy", "peak allocated", "left behind", "flags")
@@ -18,7 +18,8 @@ CELL_WIDTH = 36
 NOTHING = "gpucells: no cell has finished since jupyter_gpu was loaded"
 TABLE_OPEN = '<table style="margin:.4em 0;font-size:.92em;font-variant-numeric:tabular-nums">'
 LEFT = 'style="text-align:left;padding-right:1em"'
-RIGHT = 'style="text-align:right;padding-right:1em"'
+RIGHT = f'style="{NUMBER_CELL_STYLE}"'  # a figure never wraps ("119 ms" on two lines at 800 px)
+LABEL = 'style="text-align:left;padding-right:1em;white-space:nowrap"'  # "In [12]" on one line
 
 
 def _short(text: str) -> str:
@@ -69,11 +70,12 @@ def render_html(log: CellLog) -> str:
     parts = [f"<div><b>{escape(headline(log))}</b>"]
     if log.rows:
         parts.append(TABLE_OPEN + "<tr>" + "".join(
-            f"<th {RIGHT if h in NUMERIC else LEFT}>{escape(h)}</th>" for h in HEADINGS) + "</tr>")
+            f"<th {RIGHT if h in NUMERIC else LABEL if h == HEADINGS[0] else LEFT}>{escape(h)}</th>"
+            for h in HEADINGS) + "</tr>")
         for row in log.rows:
             cells = _cells(row)
             parts.append("<tr>" + "".join(
-                f"<td {RIGHT if HEADINGS[i] in NUMERIC else LEFT}>"
+                f"<td {RIGHT if HEADINGS[i] in NUMERIC else LABEL if i == 0 else LEFT}>"
                 + (f"{code_html(cell)}" if HEADINGS[i] == "cell" else escape(cell)) + "</td>"
                 for i, cell in enumerate(cells)) + "</tr>")
         parts.append("</table>")

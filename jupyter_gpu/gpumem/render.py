@@ -24,7 +24,7 @@ from jupyter_gpu.gpumem.result import (
     MemoryMap,
     StillHeld,
 )
-from jupyter_gpu.render_kit import COLOUR, table_text
+from jupyter_gpu.render_kit import COLOUR, NUMBER_CELL_STYLE, table_text
 from jupyter_gpu.units import format_bytes, format_count, format_growth, format_seconds
 
 ENTRY_HEADINGS = ("name", "what", "device", "dtype", "shape", "size", "also held by")
@@ -41,7 +41,7 @@ LEAK_HINT = "keep only what you need (`losses.append(loss.item())`, not the tens
 NOTHING_RECORDED = "%gpumem --watch records memory after every cell"
 
 CELL_STYLE = 'style="text-align:left;padding-right:1em"'
-NUMBER_STYLE = 'style="text-align:right;padding-right:1em"'
+NUMBER_STYLE = f'style="{NUMBER_CELL_STYLE}"'  # a figure never wraps ("2.0 MiB" on two lines at 800 px)
 TABLE_OPEN = '<table style="margin:.4em 0;font-size:.92em;font-variant-numeric:tabular-nums">'
 NOTE_STYLE = 'style="opacity:.8"'
 
