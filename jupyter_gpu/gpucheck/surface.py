@@ -24,6 +24,8 @@ _REWRITES: list[tuple[str, str]] = [
      "Install packages with {python} -m pip, which targets this Python."),
     (r"Kernel → Restart Kernel, then run the notebook from the top\.",
      "Start Python again, then run your script from the top."),
+    (r"Kernel → Change Kernel → ", "Run with the Python of the Jupyter kernel "),
+    (r"# then Kernel → Change Kernel", "# or run your script with that environment's Python"),
     (r"\s*\((?:Kernel → Restart Kernel|Kernel > Restart)\)", ""),
     (r"\(then restart the kernel\)", "(then start Python again)"),
     (r"Restart the kernel", "Start Python again"),

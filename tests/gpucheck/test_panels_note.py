@@ -12,6 +12,7 @@ import subprocess
 import sys
 from html import escape
 
+import pytest
 from machine_space import machine_states
 
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
@@ -43,6 +44,7 @@ def test_a_simulated_or_replayed_panel_backend_is_said_beside_the_real_check() -
     assert diagnose(simulated_check).panels_note is None
 
 
+@pytest.mark.probe_children  # the real check in a child process: the whole suite, not the fast loop
 def test_the_command_line_gathers_the_variable_and_says_it() -> None:
     env = {**os.environ, "JUPYTER_GPU_BACKEND": "simulated:h200"}
     done = subprocess.run([sys.executable, "-m", "jupyter_gpu", "check"], capture_output=True, text=True, env=env,

@@ -11,10 +11,12 @@ machines (every one of them has a fix line).
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from machine_space import machine_states
@@ -82,6 +84,7 @@ def test_a_path_with_spaces_is_quoted_for_the_shell() -> None:
         "'/Users/a b/py/bin/python' -m pip install torch"
 
 
+@pytest.mark.probe_children  # the real check in a child process: the whole suite, not the fast loop
 def test_the_command_line_prints_the_terminal_wording_and_its_json_both(tmp_path) -> None:
     # A CPU-only torch on a GPU machine, from the generated space: the fix is a reinstall from the CUDA index.
     machine = next(m for m in MACHINES if any("%pip install" in line for f in diagnose(m.snapshot()).findings
@@ -96,3 +99,15 @@ def test_the_command_line_prints_the_terminal_wording_and_its_json_both(tmp_path
     assert data["surface"] == "terminal"
     assert any("%pip" in line for finding in data["findings"] for line in finding["fix"])
     assert all("%pip" not in line for finding in data["findings"] for line in finding["fix_terminal"])
+
+
+def test_every_notebook_phrase_written_in_the_rules_has_a_terminal_form() -> None:
+    # The generated machines reach 25 of the catalogue's codes; the rules' own wording is checked here, every string
+    # literal of gpucheck/diagnose that speaks of %pip, a kernel or a notebook, whether a machine reaches it or not.
+    rules = Path(__file__).resolve().parents[2] / "jupyter_gpu" / "gpucheck" / "diagnose"
+    phrases = [(path.name, node.value) for path in sorted(rules.glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and NOTEBOOK_ONLY.search(node.value)]
+    assert len(phrases) > 40
+    left = [(name, text) for name, text in phrases if NOTEBOOK_ONLY.search(for_terminal(text, "python"))]
+    assert not left, left
