@@ -16,17 +16,18 @@ from jupyter_gpu.probekit.device_memory import DeviceMemory
 
 def eager_op_floor(torch: Any, calls: int = 200, rounds: int = 5) -> float:
     """Seconds this host takes to dispatch one eager operator that does almost no arithmetic (an add of two
-    one-element CPU tensors), the least of a few rounds: the yardstick per-operator overhead is judged against. It
-    differs by host (1.4 us on one machine, 2.1-3.2 us on a 2-core EPYC), so a fixed microsecond line misjudges the
-    same step on a slower host. About 2 ms; on the CPU, so it never touches CUDA."""
+    one-element CPU tensors), the median of a few rounds (the step it is set against is a median too, under the same
+    load): the yardstick per-operator overhead is judged against. It differs by host (1.4 us on one machine, 1.6-3.2
+    us on a 2-core EPYC), so a fixed microsecond line misjudges the same step on a slower host. About 2 ms; on the
+    CPU, so it never touches CUDA."""
     one = torch.ones(1)
-    best = float("inf")
+    per_call = []
     for _ in range(rounds):
         started = time.perf_counter()
         for _ in range(calls):
             one.add(one)
-        best = min(best, (time.perf_counter() - started) / calls)
-    return best
+        per_call.append((time.perf_counter() - started) / calls)
+    return sorted(per_call)[len(per_call) // 2]
 
 
 def record_event(torch: Any, index: int) -> Any:

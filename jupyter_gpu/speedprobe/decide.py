@@ -67,10 +67,11 @@ SCALER_COLLAPSE_HALVINGS = 3
 # PyTorch's dispatcher adds a few more, so ~20 us per operator means the kernels finish before the next arrives.
 GPU_LAUNCH_BOUND_SECONDS_PER_OP = 20e-6
 # On the CPU the same shape of problem is per-operator overhead: 1.4 us for an eager op on one element and
-# 7.8 us per Linear(32, 32) at batch 4 on one machine; under about 7 times the host's own one-element op (10 us
-# there) the arithmetic is not what costs. A fixed 10 us misjudged a 2-core EPYC, whose one-element op takes
-# 2.1-3.2 us: a tiny MLP at batch 1 took 11.4 us an operator there and was called not overhead-bound.
-CPU_OVERHEAD_BOUND_FLOORS = 7.0
+# 7.8 us per Linear(32, 32) at batch 4 on one machine; within about 12 times the host's own one-element op the
+# arithmetic is not what costs. A fixed 10 us misjudged a 2-core EPYC, whose one-element op takes 1.6-3.2 us: a tiny
+# MLP at batch 1 took 11.4-15.2 us an operator there (9.7 times the floor while another process shared the CPU) and
+# was called not overhead-bound; a 512-wide MLP at batch 256 takes hundreds of times the floor.
+CPU_OVERHEAD_BOUND_FLOORS = 12.0
 CPU_OVERHEAD_BOUND_SECONDS_PER_OP = 10e-6  # where the host's floor was not measured
 # Fewer operators than this and the per-op time says little (one big matmul is not "launch-bound").
 MIN_OPS_FOR_LAUNCH_VERDICT = 20
