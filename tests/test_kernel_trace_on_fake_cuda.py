@@ -182,7 +182,14 @@ def test_a_step_that_makes_its_own_batches_is_host_bound_not_launch_bound() -> N
 def test_the_same_step_without_the_hosts_batch_launches_back_to_back_and_is_launch_bound() -> None:
     fake = cuda_torch(FakeCuda(), GpuModel(kernel_us=lambda name: 3.0))
     step = mlp_with("SGD", lr=0.1)
-    launch = trace_kernels(fake, step, steps=3)
+    # One intra-op thread: the CPU operators behind the fake kernels wait for every torch thread, and a sibling the
+    # OS holds off its core stalls the launching thread in a way its own run-queue time does not show.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        launch = trace_kernels(fake, step, steps=3)
+    finally:
+        torch.set_num_threads(threads)
     assert launch is not None and launch.launch_bound, launch
     assert launch_bound("cuda", 60, 0.0005, traced=launch.at_step(0.0005).launch_bound)
 

@@ -51,6 +51,7 @@ from jupyter_gpu.gpuprofile.result import (
 from jupyter_gpu.gpuprofile.timeline import StepRecord, Timeline
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.batch_structure import first_dimension
+from jupyter_gpu.probekit.cpu_contention import runqueue_seconds
 from jupyter_gpu.probekit.kernel_trace import (
     GpuEvent,
     gpu_events,
@@ -142,6 +143,9 @@ class Instruments:
         self.operator_gpu_seconds: dict[tuple[str, bool], float] = {}
         self.kernel_window: tuple[float, float] = (0.0, 0.0)
         self.kernel_steps = 0
+        # This thread's run-queue seconds when the trace started and ended (probekit/cpu_contention): the gaps the OS
+        # made in the timeline.
+        self.kernel_runqueue: tuple[float | None, float | None] = (None, None)
         self.timeline_error: str | None = None
         # Other host time by line: a few steps traced line by line after the profiled ones (line_time.py).
         self.line_clock: Any = None
@@ -277,6 +281,7 @@ class Instruments:
             keep_cupti_for_graphs(self.torch)
             self.kineto = self.torch.profiler.profile(activities=[activity.CPU, activity.CUDA])
             self.kineto.__enter__()
+            self.kernel_runqueue = (runqueue_seconds(), None)
             mark_step(self.torch)  # the timeline covers the steps between marks: a cell that ends mid-trace
             self.timeline_steps_left = TIMELINE_STEPS
         except Exception as exc:  # a profiler that cannot start here (CUPTI missing): said, not raised
@@ -287,6 +292,7 @@ class Instruments:
         profiler, self.kineto = self.kineto, None
         try:
             profiler.__exit__(None, None, None)
+            self.kernel_runqueue = (self.kernel_runqueue[0], runqueue_seconds())
             trace = gpu_events(self.torch, profiler)
             self.kernel_events, self.kernel_window = trace.events, trace.window
             self.kernel_steps = trace.steps if trace.steps is not None else \

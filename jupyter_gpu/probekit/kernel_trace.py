@@ -13,9 +13,10 @@ Idle time is split as Holistic Trace Analysis splits it (`_analyze_idle_time_for
 a kernel is **host wait** when the CPU had not yet started launching it when the stream's previous kernel ended (the
 host could not keep up), else **kernel wait** when the gap is under 30 µs (launch overhead between consecutive
 kernels: CUDA graphs remove it), else **other** (waits between streams, events). Host wait is split once more, by
-what the host did: where it launched the kernel within `LAUNCH_SPACING` of launching the one before, it was busy
-launching (**launch wait**: dispatch and launch overhead, which fusion and CUDA graphs remove); a longer stretch
-between two launches is host time outside the launches (making batches, augmenting on the CPU, metrics), which
+what the host did: where it launched the kernel within `launch_spacing` of launching the one before (the host's own
+pace on that stream: 200 µs, or 15 times its median spacing where a loaded host launches slower, never past 2 ms),
+it was busy launching (**launch wait**: dispatch and launch overhead, which fusion and CUDA graphs remove); a longer
+stretch between two launches is host time outside the launches (making batches, augmenting on the CPU, metrics), which
 CUDA graphs do not touch. A step is launch-bound only by the first kind. Busy time is the union of every kernel on
 the device, so two streams running at once count once.
 
@@ -31,10 +32,13 @@ an unfinished tail, and that tail divided by the completed steps had inflated ev
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+from jupyter_gpu.probekit.cpu_contention import runqueue_seconds
 
 KERNEL_WAIT_SECONDS = 30e-6  # HTA's consecutive_kernel_delay (30, in its trace's microseconds)
 # Two launches closer than this on the host were launched back to back: an eager operator's dispatch and launch take
@@ -42,6 +46,14 @@ KERNEL_WAIT_SECONDS = 30e-6  # HTA's consecutive_kernel_delay (30, in its trace'
 # 62 µs apart in a 53 ms traced step). A longer stretch between two launches is host work outside them: a
 # DataLoader's next(), a CPU augmentation, a metric computed on the host take milliseconds.
 LAUNCH_SPACING = 200e-6
+# A host that shares its CPU launches every kernel slower, not only a few: at 2 cores with two other processes busy
+# the fake-CUDA MLP's median spacing went 20 -> 40 µs, and the slowest recurring one (the optimizer's Python between
+# backward and step) went 230 µs -> past 400 µs in every step, which the fixed 200 µs called host work (CI, dd97784's
+# successor). So the line follows the host's pace: LAUNCH_PACE times the stream's median spacing (11.5x was the
+# widest recurring spacing seen unloaded), never under LAUNCH_SPACING and never past HOST_WORK_SPACING, the least a
+# batch from a DataLoader or a CPU augmentation takes.
+LAUNCH_PACE = 15
+HOST_WORK_SPACING = 2e-3
 # A launch-bound step: at least this many kernels (fewer, and one big kernel's gap says little), a median kernel
 # shorter than a launch's host cost, and the GPU idle most of the step, more of that between back-to-back launches
 # than outside them. %%gpuprofile's plan and %speedprobe's verdict both read `GpuTimeline.launch_bound`.
@@ -92,6 +104,11 @@ class GpuTimeline:
     # do not line up). A step's own host work (its batch, an augmentation, a metric) waits there every step; the
     # OS taking the CPU away from a loaded host stalls one launch in one step, somewhere else in the next.
     steady_outside: float | None = None
+    # Seconds per step the launching thread was ready but waited for a CPU core (other processes' load; None where
+    # the OS does not say). Gaps the OS made are neither launching nor the step's host work: on 2 cores shared three
+    # ways the fake-CUDA MLP's host was held off its core 8-16 ms at a time, at the same launches in every step
+    # (the scheduler's ticks against a step that repeats exactly), so `steady_outside` alone took them for host work.
+    cpu_wait: float | None = None
 
     @property
     def kernel_seconds(self) -> float:
@@ -106,10 +123,11 @@ class GpuTimeline:
     @property
     def step_host_work(self) -> float:
         """Seconds per step the GPU waited for host work the step itself does (outside_launches less the one-off
-        stalls, where the steps' launches line up)."""
-        if self.steady_outside is None:
-            return self.outside_launches
-        return min(self.outside_launches, self.steady_outside)
+        stalls, where the steps' launches line up, and less the time the host waited for a CPU core)."""
+        # The queued time is taken off the whole of outside_launches, not off the recurring part: the OS holds a
+        # loaded host off its core anywhere in the step, mostly outside the few waits that recur.
+        unqueued = max(0.0, self.outside_launches - (self.cpu_wait or 0.0))
+        return unqueued if self.steady_outside is None else min(unqueued, self.steady_outside)
 
     @property
     def launch_bound(self) -> bool:
@@ -131,7 +149,8 @@ class GpuTimeline:
                        kernel_wait=share(self.kernel_wait),
                        other_wait=share(self.other_wait) if waits > 0 else idle,
                        launch_wait=share(self.launch_wait), traced_step=self.window / self.steps,
-                       steady_outside=None if self.steady_outside is None else share(self.steady_outside))
+                       steady_outside=None if self.steady_outside is None else share(self.steady_outside),
+                       cpu_wait=None if self.cpu_wait is None else share(self.cpu_wait))
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "launch_bound": self.launch_bound}
@@ -154,12 +173,13 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
         previous_end = 0.0
         on_stream = [e for e in ordered if e.stream == stream]
         outside = [0.0] * len(on_stream)  # before each launch: the GPU's wait for host work other than launching
+        spacing = launch_spacing(on_stream)
         for index, event in enumerate(on_stream):
             if previous is not None and event.start > previous_end:
                 gap = event.start - previous_end
                 if event.launched is not None and event.launched > previous_end:
                     waits["host"] += gap
-                    if previous.launched is not None and event.launched - previous.launched <= LAUNCH_SPACING:
+                    if previous.launched is not None and event.launched - previous.launched <= spacing:
                         waits["launch"] += gap
                     else:
                         outside[index] = gap
@@ -177,6 +197,16 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
                        median_kernel=statistics.median(e.end - e.start for e in events),
                        launch_wait=waits["launch"] / steps,
                        steady_outside=None if steady is None else steady / steps)
+
+
+def launch_spacing(on_stream: list[GpuEvent]) -> float:
+    """The longest stretch between two launches on one stream that is still launching back to back, at this host's
+    pace (the events in start order)."""
+    launched = [e.launched for e in on_stream if e.launched is not None]
+    spacings = [b - a for a, b in itertools.pairwise(launched) if b >= a]
+    if not spacings:
+        return LAUNCH_SPACING
+    return min(HOST_WORK_SPACING, max(LAUNCH_SPACING, LAUNCH_PACE * statistics.median(spacings)))
 
 
 def _steady_wait(outside: list[float], steps: int) -> float | None:
@@ -321,6 +351,7 @@ def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> GpuTime
     initialised already; the caller puts back what `run` changed."""
     activity = torch.profiler.ProfilerActivity
     keep_cupti_for_graphs(torch)
+    queued = runqueue_seconds()
     with torch.profiler.profile(activities=[activity.CPU, activity.CUDA]) as traced:
         mark_step(torch)
         for _ in range(steps):
@@ -328,4 +359,13 @@ def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> GpuTime
             mark_step(torch)
         torch.cuda.synchronize()
     trace = gpu_events(torch, traced)
-    return analyse(trace.events, trace.steps or steps, trace.window)
+    timeline = analyse(trace.events, trace.steps or steps, trace.window)
+    return with_cpu_wait(timeline, queued, runqueue_seconds())
+
+
+def with_cpu_wait(timeline: GpuTimeline | None, before: float | None, after: float | None) -> GpuTimeline | None:
+    """The timeline with the launching thread's wait for a CPU core over the trace (run-queue seconds read before
+    and after it), per step."""
+    if timeline is None or before is None or after is None:
+        return timeline
+    return replace(timeline, cpu_wait=max(0.0, after - before) / timeline.steps)

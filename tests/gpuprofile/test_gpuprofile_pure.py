@@ -699,6 +699,61 @@ def test_a_loaded_hosts_one_off_stalls_do_not_make_a_launch_bound_step_host_boun
     assert ragged is not None and ragged.steady_outside is None and not ragged.launch_bound
 
 
+def test_a_loaded_host_that_launches_everything_slower_is_still_launching_back_to_back() -> None:
+    # As in CI (the fake-CUDA MLP in the timing lane, another test file beside it): every launch came about twice as
+    # far apart, and the one recurring slow spot (the optimizer's Python between backward and step, 230 us unloaded)
+    # passed 400 us in every step, so a fixed 200 us line called it the step's own host work and the launch-bound
+    # step read host-bound. A batch made on the host (10 ms here) still waits before the same launch every step.
+    from jupyter_gpu.probekit.kernel_trace import HOST_WORK_SPACING, GpuEvent, analyse
+
+    def trace(pace: float, slow_spot: float, batch: float = 0.0) -> list[GpuEvent]:
+        events, now = [], 0.0
+        for i in range(3 * 40):
+            now += batch if i % 40 == 0 and i else slow_spot if i % 40 == 30 else pace
+            events.append(GpuEvent(now + 2e-6, now + 5e-6, stream=7, launched=now))
+        return events
+
+    for pace, slow_spot in [(20e-6, 230e-6), (40e-6, 460e-6), (60e-6, 700e-6)]:  # unloaded, 2x, 3x slower
+        events = trace(pace, slow_spot)
+        timeline = analyse(events, steps=3, window=(0.0, events[-1].end))
+        assert timeline is not None and timeline.launch_bound, (pace, timeline)
+        assert timeline.step_host_work == 0.0
+        batched = trace(pace, slow_spot, batch=0.010)
+        host = analyse(batched, steps=3, window=(0.0, batched[-1].end))
+        assert host is not None and not host.launch_bound
+        assert host.step_host_work == pytest.approx(0.010 * 2 / 3, rel=0.01)
+    # However slow the host's pace, a wait past HOST_WORK_SPACING is never launching.
+    slow = trace(300e-6, 300e-6, batch=HOST_WORK_SPACING * 1.5)
+    timeline = analyse(slow, steps=3, window=(0.0, slow[-1].end))
+    assert timeline is not None and timeline.step_host_work == pytest.approx(HOST_WORK_SPACING * 1.5 * 2 / 3, rel=0.01)
+
+
+def test_time_the_host_waited_for_a_cpu_core_is_not_the_steps_host_work() -> None:
+    # As on 2 cores shared three ways: the scheduler held the host off its core 8-16 ms at a time at the same
+    # launches of every step (a step that repeats exactly meets the ticks at the same place), so the waits recurred
+    # and read as the step's own host work. The run queue says how much of that the OS made.
+    from jupyter_gpu.probekit.cpu_contention import runqueue_seconds
+    from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse, with_cpu_wait
+
+    events, now = [], 0.0
+    for i in range(3 * 40):
+        now += 0.008 if i % 40 in (5, 17) else 30e-6
+        events.append(GpuEvent(now + 2e-6, now + 5e-6, stream=7, launched=now))
+    timeline = analyse(events, steps=3, window=(0.0, events[-1].end))
+    assert timeline is not None and not timeline.launch_bound and timeline.step_host_work > 0.015
+    held = with_cpu_wait(timeline, 1.0, 1.0 + 3 * 0.016)  # the thread queued 16 ms a step
+    assert held is not None and held.cpu_wait == pytest.approx(0.016)
+    assert held.step_host_work < 1e-3 and held.launch_bound
+    assert held.at_step(0.02).cpu_wait == pytest.approx(
+        held.at_step(0.02).host_wait * held.cpu_wait / held.host_wait)  # scaled as the waits are
+    assert with_cpu_wait(timeline, None, 2.0) is timeline  # where the OS does not say, nothing is taken off
+    # On Linux the figure is read for real: it is a count of seconds that only grows.
+    before = runqueue_seconds()
+    if before is not None:
+        after = runqueue_seconds()
+        assert after is not None and after >= before >= 0
+
+
 def test_the_timeline_is_set_against_the_unprofiled_step_so_no_cause_outgrows_the_step() -> None:
     # As on the H200: torch.profiler slowed a 38.4 ms transformer step to about 53 ms, and the trace had the GPU
     # waiting 46 ms a step for the host; the plan said "launch-bound (45.9 ms/step)" on a 38.4 ms step.
