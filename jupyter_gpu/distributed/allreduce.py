@@ -8,19 +8,15 @@ started. Nothing here imports torch or initialises CUDA: a child answers what th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 from jupyter_gpu.distributed.collective import (
     DEFAULT_ITERATIONS,
@@ -34,12 +30,12 @@ from jupyter_gpu.distributed.collective import (
     SizeResult,
 )
 from jupyter_gpu.distributed.links import LinkPeak
+from jupyter_gpu.probekit.child_processes import Children, free_port, tail
 from jupyter_gpu.units import format_bytes, format_seconds
 
 WORKER = "jupyter_gpu.distributed.allreduce_worker"
 GLOO_PROCESSES = 2  # enough to exercise the launch, the collective and the check on any CPU
 P2P_ITERATIONS = 5
-STDERR_LINES = 15
 NCCL_DEBUG_HINT = "Rerun with `NCCL_DEBUG=WARN jupyter-gpu allreduce`: NCCL then says why."
 POLL_S = 0.05
 
@@ -158,82 +154,7 @@ def _inspect(python: str, env: Mapping[str, str], deadline: float) -> dict[str, 
         if record and record.get("event") == "inspect":
             return record
     raise AllReduceError(f"{python} could not say which backend its torch offers (exit code {done.returncode}):\n"
-                         + _tail(done.stderr))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class _Children:
-    """Processes started in their own sessions, each with its stderr in a file (a full pipe would block a rank);
-    `stop()` kills every process group and reaps it, whatever state the ranks are in."""
-
-    def __init__(self) -> None:
-        self.processes: list[subprocess.Popen[str]] = []
-        self.stderr: list[IO[bytes]] = []
-        self._readers: list[threading.Thread] = []
-
-    def start(self, command: list[str], env: Mapping[str, str], *, stream: queue.Queue[str | None] | None) -> None:
-        errors = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in stop()
-        self.stderr.append(errors)
-        try:
-            process = subprocess.Popen(command, env=dict(env), stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.PIPE if stream is not None else subprocess.DEVNULL,
-                                       stderr=errors, text=True, start_new_session=True)
-        except OSError as exc:  # the interpreter is missing or not executable
-            raise AllReduceError(f"Cannot start {command[0]}: {exc.strerror or exc}.") from None
-        self.processes.append(process)
-        if stream is not None:
-            reader = threading.Thread(target=_pump, args=(process.stdout, stream), daemon=True)
-            reader.start()
-            self._readers.append(reader)
-
-    def failed(self) -> list[int]:
-        """Indices of the processes that have exited with an error."""
-        return [index for index, process in enumerate(self.processes) if process.poll() not in (None, 0)]
-
-    def wait_all(self, deadline: float) -> bool:
-        for process in self.processes:
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0.0))
-            except subprocess.TimeoutExpired:
-                return False
-        return True
-
-    def stderr_tail(self, index: int) -> str:
-        handle = self.stderr[index]
-        handle.seek(0)
-        return _tail(handle.read().decode(errors="replace"))
-
-    def exit_text(self, index: int) -> str:
-        code = self.processes[index].returncode
-        if code is not None and code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with code {code}"
-
-    def stop(self) -> None:
-        for process in self.processes:
-            # The group: whatever a rank started dies with it. Gone already (ProcessLookupError) is fine.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-        for process in self.processes:
-            process.wait()
-        for reader in self._readers:
-            reader.join(timeout=1.0)
-        for process in self.processes:
-            if process.stdout is not None:
-                process.stdout.close()
-        for handle in self.stderr:
-            handle.close()
-
-
-def _pump(pipe: IO[str], lines: queue.Queue[str | None]) -> None:
-    for line in pipe:
-        lines.put(line)
-    lines.put(None)
+                         + tail(done.stderr))
 
 
 def _json_line(line: str) -> dict[str, Any] | None:
@@ -244,17 +165,12 @@ def _json_line(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _tail(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return "\n".join("  " + line for line in lines[-STDERR_LINES:]) or "  (it printed nothing on stderr)"
-
-
 def _rank_env(base: Mapping[str, str], rank: int, world: int, port: int) -> dict[str, str]:
     return {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}
 
 
-def _events(children: _Children, stream: queue.Queue[str | None], deadline: float,
+def _events(children: Children, stream: queue.Queue[str | None], deadline: float,
             on_failure: Callable[[list[int]], AllReduceError],
             on_timeout: Callable[[], AllReduceError]) -> Any:
     """Rank 0's JSON records as they arrive; raises what `on_failure` makes as soon as any child fails (a dead peer
@@ -300,7 +216,7 @@ def _run_ranks(python: str, base_env: Mapping[str, str], plan: dict[str, Any], w
                progress: Progress) -> tuple[list[str], list[SizeResult], float]:
     backend = plan["backend"]
     sizes = plan["sizes"]
-    children = _Children()
+    children = Children(AllReduceError)
     stream: queue.Queue[str | None] = queue.Queue()
     where = ["while the ranks were starting (importing torch, init_process_group)"]
     devices: list[str] = []
@@ -327,7 +243,7 @@ def _run_ranks(python: str, base_env: Mapping[str, str], plan: dict[str, Any], w
 
     try:
         command = [python, "-m", WORKER, json.dumps(plan)]
-        port = _free_port()
+        port = free_port()
         for rank in range(world):
             children.start(command, _rank_env(base_env, rank, world, port), stream=stream if rank == 0 else None)
         for record in _events(children, stream, deadline, failure, timeout):
@@ -359,7 +275,7 @@ def _run_ranks(python: str, base_env: Mapping[str, str], plan: dict[str, Any], w
 
 
 def _run_p2p(python: str, base_env: Mapping[str, str], deadline: float, progress: Progress) -> tuple[PeerCopy, ...]:
-    children = _Children()
+    children = Children(AllReduceError)
     stream: queue.Queue[str | None] = queue.Queue()
     where = ["while starting"]
     copies: list[PeerCopy] = []
