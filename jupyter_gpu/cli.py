@@ -56,7 +56,30 @@ def build_parser() -> SentenceParser:
     autoload.add_argument("--watch", action="store_true",
                           help="with on: also keep the low-rate GPU sampler running in each kernel")
     add_allreduce_parser(commands)
+    add_profile_parser(commands)
     return parser
+
+
+def add_profile_parser(commands: argparse._SubParsersAction) -> None:
+    from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, DEFAULT_WARMUP  # pure: the defaults the help quotes
+
+    profile = commands.add_parser(
+        "profile", help="profile a torchrun training script rank by rank (DDP)",
+        description="Profile a distributed training run in every rank: each rank's step and buckets, the all-reduce "
+                    "overlapped and exposed, the slowest rank and why, clocks, the classic DDP mistakes, and with "
+                    "--scaling the scaling efficiency and what the lost part is made of. Usage: jupyter-gpu profile "
+                    "[options] -- torchrun --nproc-per-node 2 train.py [args]")
+    profile.add_argument("--steps", type=_whole_number("--steps", 1), default=DEFAULT_STEPS, metavar="N",
+                         help=f"optimizer steps profiled in every rank (default {DEFAULT_STEPS})")
+    profile.add_argument("--warmup", type=_whole_number("--warmup", 0), default=DEFAULT_WARMUP, metavar="K",
+                         help=f"steps run first and not counted (default {DEFAULT_WARMUP})")
+    profile.add_argument("--scaling", action="store_true",
+                         help="also run with one process per node and report the scaling efficiency")
+    profile.add_argument("--timeout", type=seconds_type("--timeout"), default=120.0, metavar="S",
+                         help="call the run hung when no rank finishes a step in S seconds (default 120)")
+    profile.add_argument("--json", default=None, metavar="FILE", help="also write the profile as JSON to FILE")
+    profile.add_argument("launch", nargs=argparse.REMAINDER, metavar="-- torchrun ...",
+                         help="the torchrun command, after --")
 
 
 def add_allreduce_parser(commands: argparse._SubParsersAction) -> None:
@@ -125,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_autoload(options)
     if options.command == "allreduce":
         return run_allreduce_command(options)
+    if options.command == "profile":
+        return run_profile_command(options)
     from jupyter_gpu.gpucheck.request import CheckRequest
     from jupyter_gpu.gpucheck.run import run_check  # deferred: `--help` and usage errors stay instant
     from jupyter_gpu.gpucheck.surface import TERMINAL
@@ -162,6 +187,41 @@ def _print_report(report: GpuCheckReport | ReadinessReport, options: argparse.Na
     elif not options.quiet:
         print(report)
     return report.exit_code
+
+
+# -- profile -------------------------------------------------------------------------------------------
+
+
+def run_profile_command(options: argparse.Namespace) -> int:
+    """`jupyter-gpu profile -- torchrun ...`: the ranks' output and progress on stderr, the report on stdout; exit 0
+    when the profile ran, 1 when a rank failed or the run hung, 2 for a command it cannot run."""
+    from jupyter_gpu.ddpprofile.launch import LaunchError
+    from jupyter_gpu.ddpprofile.runner import profile_torchrun
+
+    launch = list(options.launch)
+    if launch[:1] == ["--"]:
+        launch = launch[1:]
+    if not launch:
+        print("jupyter-gpu: give the torchrun command after --, for example: jupyter-gpu profile -- torchrun "
+              "--nproc-per-node 2 train.py", file=sys.stderr)
+        return EXIT_USAGE
+
+    def to_stderr(text: str) -> None:
+        print(text.rstrip("\n"), file=sys.stderr, flush=True)
+
+    try:
+        profile = profile_torchrun(launch, steps=options.steps, warmup=options.warmup, with_scaling=options.scaling,
+                                   hang_seconds=options.timeout, progress=None, output=to_stderr)
+    except LaunchError as exc:
+        print(f"jupyter-gpu: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("jupyter-gpu: Stopped (Ctrl-C); every rank was killed.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if options.json:
+        Path(options.json).write_text(json.dumps(profile.to_dict(), indent=2, default=str), encoding="utf-8")
+    print(profile)
+    return 0 if profile.ok else 1
 
 
 # -- allreduce -----------------------------------------------------------------------------------------

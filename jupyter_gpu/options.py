@@ -432,6 +432,13 @@ def gpuprofile_parser(prog: str = "%%gpuprofile") -> SentenceParser:
                         help="with --apply, how long %%dataprobe may measure DataLoader settings (default 10)")
     parser.add_argument("--keep", action="store_true",
                         help="keep what the steps did to the model, optimizer and RNGs (default: put back bitwise)")
+    parser.add_argument("--nproc", type=_whole_number("--nproc", 1), default=None, metavar="N",
+                        help="run the cell as a script in N processes (DDP over gloo or NCCL, as torchrun would) and "
+                             "profile every rank; the cell holds its own imports and init_process_group()")
+    parser.add_argument("--scaling", action="store_true",
+                        help="with --nproc, also run it in one process: the scaling efficiency and what is lost")
+    parser.add_argument("--timeout", type=seconds_type("--timeout"), default=None, metavar="S",
+                        help="with --nproc, call the run hung when no rank finishes a step in S seconds (default 120)")
     add_result_options(parser, "return the ProfileResult (.steps, .breakdown, .syncs, .flops, .mfu, .plan, ...)")
     return parser
 
@@ -445,3 +452,11 @@ def validate_gpuprofile(options: argparse.Namespace) -> None:
         raise OptionsError("--data-seconds is how long --apply's %dataprobe may take; add --apply.")
     if options.apply and options.keep:
         raise OptionsError("--apply runs the loop twice from the same state, so it cannot --keep what the steps did.")
+    if options.nproc is None and (options.scaling or options.timeout is not None):
+        raise OptionsError(f"{'--scaling' if options.scaling else '--timeout'} is for a run in several processes; add "
+                           "--nproc N.")
+    if options.nproc is not None:
+        for flag, given in (("--apply", options.apply), ("--keep", options.keep), ("--seconds", options.seconds)):
+            if given:
+                raise OptionsError(f"{flag} is not available with --nproc yet: each rank runs the cell as a script "
+                                   "and stops after --warmup and --steps optimizer steps.")

@@ -41,6 +41,11 @@ class GpuProfileMagics(Magics):
             validate_gpuprofile, body="the training loop",
             needs="%gpuprofile needs the function that trains, e.g. %gpuprofile train_one_epoch(model, loader); use "
                   "%%gpuprofile on a cell that holds the loop.", empty="there is no training loop to profile")
+        if options.nproc is not None:
+            if cell is None:
+                raise UsageError(f"{magic} --nproc: put %%gpuprofile --nproc N on the cell that trains; it runs as a "
+                                 "script in every rank.")
+            return self._profile_ranks(options, cell)
         from jupyter_gpu.gpuprofile.lift import LoopSource
         from jupyter_gpu.gpuprofile.request import DEFAULT_DATA_SECONDS, DEFAULT_STEPS, ProfileRequest
         from jupyter_gpu.gpuprofile.runner import GpuProfileError, profile_run
@@ -80,3 +85,34 @@ class GpuProfileMagics(Magics):
         if profiled.error is not None:
             raise profiled.error  # the partial result is shown; the cell's own error, with its own traceback
         return profiled.result if options.return_result else None
+
+    def _profile_ranks(self, options: Any, cell: str) -> Any:
+        """The cell as every rank's script (a notebook's functions cannot be pickled into spawned processes, and a
+        forked kernel is unsafe once CUDA is up): written to a file, run in N processes with torchrun's variables,
+        each profiled; the ranks' printed lines appear below the cell as they come."""
+        import os
+        import tempfile
+
+        from jupyter_gpu.ddpprofile.launch import DEFAULT_HANG_SECONDS
+        from jupyter_gpu.ddpprofile.runner import profile_script
+        from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS
+
+        with tempfile.TemporaryDirectory(prefix="jupyter-gpu-cell-") as folder:
+            script = os.path.join(folder, "cell.py")
+            with open(script, "w", encoding="utf-8") as handle:
+                handle.write(cell)
+            progress = None if options.quiet else ProgressLine()
+            try:
+                profile = profile_script(script, processes=options.nproc, steps=options.steps or DEFAULT_STEPS,
+                                         warmup=options.warmup, with_scaling=options.scaling,
+                                         hang_seconds=options.timeout or DEFAULT_HANG_SECONDS,
+                                         progress=(lambda text: progress(f"%%gpuprofile --nproc: {text}"))
+                                         if progress is not None else None,
+                                         output=lambda line: print(line, end="" if line.endswith("\n") else "\n"),
+                                         shown_as=f"this cell in {options.nproc} processes")
+            finally:
+                if progress is not None:
+                    progress("")
+        if not options.quiet and not options.return_result:
+            display(profile)
+        return profile if options.return_result else None

@@ -1,0 +1,1 @@
+"""Distributed training profiled rank by rank."""

@@ -1,0 +1,66 @@
+"""The ranked plan: each cause of a slow distributed step with the time it loses per step (where measured) and the
+exact change, the costliest first. Pure Python over the built profile."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from jupyter_gpu.ddpprofile.analyse import bucket_title
+from jupyter_gpu.gpuprofile.result import DATA
+from jupyter_gpu.units import format_seconds
+
+if TYPE_CHECKING:
+    from jupyter_gpu.ddpprofile.result import DistributedProfile, PlanItem
+
+# A cause under this share of the step is left out of the plan: within the noise of a few profiled steps.
+LEAST_SHARE = 0.03
+
+
+def make_plan(profile: DistributedProfile) -> list[PlanItem]:
+    from jupyter_gpu.ddpprofile.result import PlanItem
+
+    items: list[PlanItem] = []
+    ranks = profile.ranks
+    if not ranks:
+        return items
+    step = max(r.step for r in ranks)
+    late = profile.straggler
+    slowest = next((r for r in ranks if late is not None and r.rank == late.rank), max(ranks, key=lambda r: r.compute))
+    codes = {f.code for f in profile.findings}
+    if len(ranks) > 1 and slowest.exposed >= LEAST_SHARE * step:
+        if "DDP_ONE_BUCKET" in codes:
+            change = next(f.fix[0] for f in profile.findings if f.code == "DDP_ONE_BUCKET")
+        else:
+            change = ("ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)  # half the bytes; "
+                      "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks")
+        items.append(PlanItem(f"exposed all-reduce: {format_seconds(slowest.exposed)} a step after the backward, "
+                              f"{slowest.overlapped / slowest.comm:.0%} of it overlapped" if slowest.comm else
+                              f"exposed all-reduce: {format_seconds(slowest.exposed)} a step", slowest.exposed, change))
+    if late is not None and late.lead >= LEAST_SHARE * step:
+        what = bucket_title(late.bucket)
+        if late.bucket == DATA:
+            change = (f"rank {late.rank}'s loader: more DataLoader workers, or the same per-sample cost as the other "
+                      "ranks (%dataprobe on its loader finds the setting)")
+        else:
+            change = f"rank {late.rank}'s {what} is slower than the others': look at its device and its CPU share"
+        items.append(PlanItem(f"straggler: rank {late.rank} {format_seconds(late.lead)} a step behind, in its {what} "
+                              f"({format_seconds(late.its_seconds)} against {format_seconds(late.others_seconds)} on "
+                              "the others)", late.lead, change))
+    for finding in profile.findings:
+        if finding.code == "DDP_ACCUMULATION_WITHOUT_NO_SYNC":
+            rank = ranks[0]
+            per = rank.comm / rank.allreduces_per_step if rank.allreduces_per_step else 0.0
+            saved = per * (rank.allreduces_per_step - 1)
+            items.append(PlanItem("accumulation without no_sync(): an all-reduce every micro-batch", saved,
+                                  "with model.no_sync(): loss.backward()  # every micro-batch but the last"))
+        elif finding.code in ("DDP_SAME_SAMPLES_ON_EVERY_RANK", "DDP_FIND_UNUSED_WITH_NONE_UNUSED",
+                              "DDP_WORKERS_OVER_CORES"):
+            items.append(PlanItem(finding.headline, None, finding.fix[0]))
+    scaling = profile.scaling
+    if scaling is not None:
+        data = dict(scaling.parts).get("data wait", 0.0)
+        if data >= LEAST_SHARE * step:
+            items.append(PlanItem(f"every rank waits longer for data than one process did "
+                                  f"(+{format_seconds(data)} a step)", data,
+                                  "%dataprobe on one rank's loader, with ranks x num_workers kept within the cores"))
+    return sorted(items, key=lambda item: -(item.seconds if item.seconds is not None else -1.0))

@@ -1,0 +1,181 @@
+"""Profile a distributed training run rank by rank: start it (torchrun's command, or N local ranks of a script or
+a notebook cell), read every rank's records, and build the report; with scaling, run it once more with one process
+per node and set the two against each other."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from jupyter_gpu.ddpprofile import launch
+from jupyter_gpu.ddpprofile.analyse import RankSummary, scaling, straggler, summarise_rank
+from jupyter_gpu.ddpprofile.clocks import ClockOffset, clock_finding, offsets_line
+from jupyter_gpu.ddpprofile.mistakes import find_mistakes
+from jupyter_gpu.ddpprofile.plan import make_plan
+from jupyter_gpu.ddpprofile.result import DistributedProfile
+from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, DEFAULT_WARMUP
+
+Progress = Callable[[str], None]
+
+
+def profile_torchrun(argv: Sequence[str], *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
+                     with_scaling: bool = False, hang_seconds: float = launch.DEFAULT_HANG_SECONDS,
+                     progress: Progress | None = None, output: Progress | None = None) -> DistributedProfile:
+    """`torchrun [OPTIONS] SCRIPT [ARGS]`, profiled in every rank (and with one process per node, for scaling)."""
+    command = launch.torchrun_command(argv)
+    world = _torchrun_world(argv)
+    profile = _profile(lambda out: [(command, {**os.environ, **launch.profile_env(out, steps, warmup, 1)})],
+                       " ".join(argv), world, steps, warmup, hang_seconds, progress, output)
+    if with_scaling and profile.ok:
+        single = launch.torchrun_command(_one_per_node(list(argv)))
+        one = _profile(lambda out: [(single, {**os.environ, **launch.profile_env(out, steps, warmup, 1)})],
+                       " ".join(argv), None, steps, warmup, hang_seconds, progress, output)
+        profile = _with_scaling(profile, one)
+    return profile
+
+
+def profile_script(script: str, args: Sequence[str] = (), *, processes: int = 2, steps: int = DEFAULT_STEPS,
+                   warmup: int = DEFAULT_WARMUP, with_scaling: bool = False,
+                   hang_seconds: float = launch.DEFAULT_HANG_SECONDS, progress: Progress | None = None,
+                   output: Progress | None = None, shown_as: str | None = None) -> DistributedProfile:
+    """A script (or a notebook cell written to one) in `processes` local ranks, as torchrun's standalone mode."""
+    name = shown_as or " ".join([script, *args])
+
+    def commands(count: int) -> Callable[[Path], list[tuple[list[str], dict[str, str]]]]:
+        def build(out: Path) -> list[tuple[list[str], dict[str, str]]]:
+            base = {**os.environ, **launch.profile_env(out, steps, warmup, 1)}
+            return launch.local_commands(script, list(args), count, base_env=base)
+        return build
+
+    profile = _profile(commands(processes), name, processes, steps, warmup, hang_seconds, progress, output)
+    if with_scaling and profile.ok:
+        one = _profile(commands(1), name, 1, steps, warmup, hang_seconds, progress, output)
+        profile = _with_scaling(profile, one)
+    return profile
+
+
+def _profile(commands: Callable[[Path], list[tuple[list[str], dict[str, str]]]], shown: str, world: int | None,
+             steps: int, warmup: int, hang_seconds: float, progress: Progress | None,
+             output: Progress | None) -> DistributedProfile:
+    with tempfile.TemporaryDirectory(prefix="jupyter-gpu-ddp-") as folder:
+        out = Path(folder)
+        run = launch.run(commands(out), out, world or 1, hang_seconds=hang_seconds, progress=progress,
+                         stream_output=output)
+    return build(run.records, shown, world, steps, warmup, failure=run.failure, seconds=run.seconds)
+
+
+def build(records: list[dict[str, Any]], command: str, world: int | None, steps: int, warmup: int, *,
+          failure: str | None = None, seconds: float = 0.0, cores: int | None = None) -> DistributedProfile:
+    """The report from every rank's record (pure, apart from counting this machine's cores)."""
+    usable = [r for r in records if r.get("profile") and r["profile"].get("step_seconds")]
+    world = world or (records[0].get("world_size") if records else 0) or len(records)
+    profile = DistributedProfile(command=command, world=world, steps=steps, warmup=warmup, failure=failure,
+                                 seconds=seconds)
+    if not usable:
+        if failure is None:
+            profile.failure = ("No rank completed a profiled step: the script ended first (fewer --steps, or check "
+                               "that it calls optimizer.step()).")
+        return profile
+    first = usable[0]["profile"]
+    profile.device = first.get("device", "")
+    ranks = [summarise_rank(r) for r in usable]
+    profile.ranks = ranks
+    profile.backend = ((usable[0].get("comm", {}).get("ddp_logging") or [{}])[0].get("backend_name") or "")
+    if not any(r.get("comm", {}).get("settings") for r in usable):
+        profile.notes.append("No DistributedDataParallel was called: the communication columns are empty (FSDP's "
+                             "reduce-scatter and all-gather are not timed yet).")
+    profile.straggler = straggler(usable, ranks)
+    offsets = _offsets(usable[0].get("clocks"))
+    if offsets:
+        profile.clocks = [{"rank": o.rank, "offset_s": o.offset_s, "bound_s": o.bound_s, "host": o.host}
+                          for o in offsets]
+        profile.clock_line = offsets_line(offsets)
+        spread = step_end_spread(usable, offsets)
+        if spread is not None:
+            profile.clock_line += f"; aligned by it, the ranks' optimizer steps end within {spread * 1e3:.2f} ms"
+        profile.clock_finding = clock_finding(offsets)
+    elif usable[0].get("clocks"):
+        profile.notes.append(f"The clocks could not be compared: {usable[0]['clocks'][0].get('error')}.")
+    profile.findings = find_mistakes(usable, ranks, cores if cores is not None else os.cpu_count())
+    for record in usable:
+        if record["profile"].get("error"):
+            profile.notes.append(f"Rank {record['rank']}: {record['profile']['error']}")
+    if len(usable) < world:
+        profile.notes.append(f"{len(usable)} of {world} ranks' records were read: the others run on other nodes and "
+                             "were not gathered.")
+    profile.plan = make_plan(profile)
+    return profile
+
+
+def step_end_spread(records: list[dict[str, Any]], offsets: list[ClockOffset]) -> float | None:
+    """The median, over the steps all ranks made, of how far apart the ranks' optimizer steps ended once every
+    rank's stamps are put on rank 0's clock (perf_counter to wall clock by the pair each rank read together)."""
+    by_rank = {o.rank: o for o in offsets}
+    ends: list[list[float]] = []
+    for record in records:
+        comm = record.get("comm", {})
+        pair, offset = comm.get("clock_pair"), by_rank.get(record["rank"])
+        if not pair or offset is None:
+            return None
+        shift = pair["wall_ns"] / 1e9 - pair["perf_counter"] - offset.offset_s
+        # The profiled steps only: after them the profile times its own hooks on a one-parameter step of its own.
+        first = len(record["profile"].get("warmup_seconds", []))
+        profiled = comm.get("step_ends", [])[first:first + len(record["profile"]["step_seconds"])]
+        ends.append([end + shift for end in profiled])
+    count = min((len(e) for e in ends), default=0)
+    if count == 0 or len(ends) < 2:
+        return None
+    spreads = sorted(max(e[k] for e in ends) - min(e[k] for e in ends) for k in range(count))
+    return spreads[len(spreads) // 2]
+
+
+def _offsets(raw: Any) -> list[ClockOffset]:
+    if not isinstance(raw, list) or not raw or "error" in raw[0]:
+        return []
+    fields = ("rank", "offset_s", "bound_s", "round_trip_s", "rounds", "host")
+    return [ClockOffset(**{k: item[k] for k in fields if k in item}) for item in raw]
+
+
+def _with_scaling(profile: DistributedProfile, one: DistributedProfile) -> DistributedProfile:
+    if not one.ok:
+        profile.notes.append(f"Scaling: the one-process run failed: {one.failure}")
+        return profile
+    baseline = RankSummary(**{**one.ranks[0].__dict__})
+    profile.scaling = scaling(baseline, profile.ranks, profile.straggler)
+    profile.plan = make_plan(profile)
+    return profile
+
+
+def _torchrun_world(argv: Sequence[str]) -> int | None:
+    """nproc-per-node x nodes where both are plain numbers (else the ranks' own records say)."""
+    from torch.distributed.run import get_args_parser
+
+    at = launch.launcher_end(list(argv))
+    try:
+        parsed = get_args_parser().parse_args(list(argv)[at or 1:])
+    except SystemExit:
+        return None
+    nodes = str(parsed.nnodes).split(":")[-1]
+    per_node = str(parsed.nproc_per_node)
+    return int(nodes) * int(per_node) if nodes.isdigit() and per_node.isdigit() else None
+
+
+def _one_per_node(argv: list[str]) -> list[str]:
+    """The same torchrun command with one process per node."""
+    out, skip = [], False
+    for index, item in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if item in ("--nproc-per-node", "--nproc_per_node"):
+            out.extend([item, "1"])
+            skip = index + 1 < len(argv)
+            continue
+        if item.startswith(("--nproc-per-node=", "--nproc_per_node=")):
+            out.append(item.split("=")[0] + "=1")
+            continue
+        out.append(item)
+    return out
