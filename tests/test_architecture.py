@@ -54,6 +54,8 @@ PURE = [
     "jupyter_gpu.distributed.topology_rules",
     "jupyter_gpu.distributed.topology_render", "jupyter_gpu.distributed.collective",
     "jupyter_gpu.distributed.collective_render",
+    "jupyter_gpu.ddpprofile", "jupyter_gpu.ddpprofile.analyse", "jupyter_gpu.ddpprofile.mistakes",
+    "jupyter_gpu.ddpprofile.plan", "jupyter_gpu.ddpprofile.result", "jupyter_gpu.ddpprofile.render",
     "jupyter_gpu.metrics.sample", "jupyter_gpu.metrics.alerts", "jupyter_gpu.metrics.sampler",
     "jupyter_gpu.metrics.recording", "jupyter_gpu.metrics.recorder", "jupyter_gpu.metrics.backends.base",
     "jupyter_gpu.server.attribution", "jupyter_gpu.server.prometheus", "jupyter_gpu.server.kernels",

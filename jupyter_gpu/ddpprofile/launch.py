@@ -132,6 +132,7 @@ def run(commands: list[tuple[list[str], dict[str, str]]], out: Path, world: int,
     finally:
         if outcome.failure is not None:
             _kill_ranks(out)
+        launcher_said = children.stderr_tail(0) if children.processes else ""
         children.stop()
         _drain(lines, stream_output)
     outcome.seconds = time.monotonic() - began
@@ -139,12 +140,10 @@ def run(commands: list[tuple[list[str], dict[str, str]]], out: Path, world: int,
     if outcome.failure is None:
         failed = [r for r in outcome.records if r.get("error")]
         if failed:
-            outcome.failure = _rank_failure(failed[0], children)
+            outcome.failure = _rank_failure(failed[0])
             _kill_ranks(out)
-        elif len(outcome.records) < world:
-            missing = sorted(set(range(world)) - {r["rank"] for r in outcome.records})
-            outcome.failure = (f"Rank {', '.join(map(str, missing))} wrote no result; the launcher's last lines:\n"
-                               f"{children.stderr_tail(0)}")
+        elif not outcome.records:
+            outcome.failure = f"No rank wrote a result; the launcher's last lines:\n{launcher_said}"
     return outcome
 
 
@@ -196,7 +195,7 @@ def hang_message(statuses: list[dict[str, Any]], world: int, hang_seconds: float
             "a different number of steps) leaves the others in the next collective; --timeout sets how long to wait.")
 
 
-def _rank_failure(record: dict[str, Any], children: Children) -> str:
+def _rank_failure(record: dict[str, Any]) -> str:
     where = record.get("traceback") or ""
     lines = [line for line in where.strip().splitlines() if line.strip()][-6:]
     detail = ("\n" + "\n".join("  " + line for line in lines)) if lines else ""

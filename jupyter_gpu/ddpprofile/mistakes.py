@@ -93,7 +93,9 @@ def _accumulation_without_no_sync(records: list[dict[str, Any]], ranks: list[Ran
         evidence={"backwards per step": f"{rank.backwards_per_step:.3g}",
                   "all-reduces per step": f"{rank.allreduces_per_step:.3g}",
                   "all-reduce per micro-batch": format_seconds(per_allreduce)},
-        fix=["with model.no_sync():  # every micro-batch but the last of each step",
+        fix=["with model.no_sync():  # every micro-batch but the last of each step, the forward too: DDP decides "
+             "in the forward whether the backward all-reduces",
+             "    loss = loss_fn(model(inputs), targets) / accumulation_steps",
              "    loss.backward()"])
 
 

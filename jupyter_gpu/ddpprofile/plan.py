@@ -52,7 +52,7 @@ def make_plan(profile: DistributedProfile) -> list[PlanItem]:
             per = rank.comm / rank.allreduces_per_step if rank.allreduces_per_step else 0.0
             saved = per * (rank.allreduces_per_step - 1)
             items.append(PlanItem("accumulation without no_sync(): an all-reduce every micro-batch", saved,
-                                  "with model.no_sync(): loss.backward()  # every micro-batch but the last"))
+                                  "with model.no_sync():  # forward and backward of every micro-batch but the last"))
         elif finding.code in ("DDP_SAME_SAMPLES_ON_EVERY_RANK", "DDP_FIND_UNUSED_WITH_NONE_UNUSED",
                               "DDP_WORKERS_OVER_CORES"):
             items.append(PlanItem(finding.headline, None, finding.fix[0]))

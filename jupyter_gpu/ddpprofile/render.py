@@ -19,8 +19,9 @@ def headline(profile: DistributedProfile) -> str:
         return f"Distributed profile of {profile.command}: it did not run."
     ranks = profile.ranks
     step = max(r.step for r in ranks)
-    line = f"Distributed profile: {len(ranks)} ranks ({profile.backend or 'no DDP'}, {profile.device}), " \
-           f"{format_seconds(step)} a step"
+    who = (f"{len(ranks)} ranks" if len(ranks) >= profile.world else
+           f"rank {', '.join(str(r.rank) for r in ranks)} of {profile.world} (this machine's)")
+    line = f"Distributed profile: {who} ({profile.backend or 'no DDP'}, {profile.device}), {format_seconds(step)} a step"
     scaling = profile.scaling
     if scaling is not None:
         line += (f"; scaling {scaling.speedup:.2f}x on {scaling.processes} ({scaling.efficiency:.0%})"

@@ -104,8 +104,9 @@ def build(records: list[dict[str, Any]], command: str, world: int | None, steps:
         if record["profile"].get("error"):
             profile.notes.append(f"Rank {record['rank']}: {record['profile']['error']}")
     if len(usable) < world:
-        profile.notes.append(f"{len(usable)} of {world} ranks' records were read: the others run on other nodes and "
-                             "were not gathered.")
+        here = ", ".join(str(r["rank"]) for r in usable)
+        profile.notes.append(f"This machine ran rank {here} of {world}: every rank's records are gathered on the "
+                             "node of rank 0, and its report covers them all.")
     profile.plan = make_plan(profile)
     return profile
 
