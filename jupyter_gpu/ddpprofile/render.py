@@ -21,7 +21,8 @@ def headline(profile: DistributedProfile) -> str:
     step = max(r.step for r in ranks)
     who = (f"{len(ranks)} ranks" if len(ranks) >= profile.world else
            f"rank {', '.join(str(r.rank) for r in ranks)} of {profile.world} (this machine's)")
-    line = f"Distributed profile: {who} ({profile.backend or 'no DDP'}, {profile.device}), {format_seconds(step)} a step"
+    backend = profile.backend or "no DDP"
+    line = f"Distributed profile: {who} ({backend}, {profile.device}), {format_seconds(step)} a step"
     scaling = profile.scaling
     if scaling is not None:
         line += (f"; scaling {scaling.speedup:.2f}x on {scaling.processes} ({scaling.efficiency:.0%})"

@@ -34,6 +34,20 @@ def test_the_panel_shows_every_gpu_and_its_utilisation_moves(lab_a100, lab_page)
     lab.open_panel()
     assert lab.texts(".jp-GpuPanel-deviceName") == ["NVIDIA A100-SXM4-80GB"] * 8
     assert "simulated" in lab.texts(".jp-GpuPanel-simulated")[0]
+    # The header shows the backend's whole name, inside the panel (it was cut to 'simulated:a100x…').
+    assert lab.texts(".jp-GpuPanel-backend") == ["simulated:a100x8-mig"]
+    for width in (None, 200):  # as opened, then as narrow as a side panel is dragged
+        if width is not None:
+            lab.page.evaluate("w => { document.querySelector('.jp-GpuPanel').style.width = w + 'px'; }", width)
+            lab.page.wait_for_timeout(200)
+        shown = lab.page.evaluate("""() => {
+            const name = document.querySelector('.jp-GpuPanel-backend').getBoundingClientRect();
+            const panel = document.querySelector('.jp-GpuPanel').getBoundingClientRect();
+            const node = document.querySelector('.jp-GpuPanel-backend');
+            return {cut: node.scrollWidth > node.clientWidth + 1, right: name.right, panel: panel.right,
+                    ellipsis: getComputedStyle(node).textOverflow};
+        }""")
+        assert not shown["cut"] and shown["right"] <= shown["panel"] + 1 and shown["ellipsis"] != "ellipsis", shown
     # MIG boards do not report utilisation: "n/a", never 0 %.
     utilisation = lab.texts(".jp-GpuPanel-utilization")
     assert utilisation[0] == utilisation[1] == "n/a"
