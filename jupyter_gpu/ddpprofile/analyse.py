@@ -56,6 +56,7 @@ class RankSummary:
     backwards_per_step: float
     settings: dict[str, Any]
     gradient_bytes: int | None
+    loader_workers: int | None = None  # the most num_workers of the DataLoaders the rank made (None: it made none)
 
     @property
     def compute(self) -> float:
@@ -120,13 +121,14 @@ def summarise_rank(record: dict[str, Any]) -> RankSummary:
     sizes = sorted({b["bytes"] for b in comm.get("buckets", [])}, reverse=True)
     settings = (comm.get("settings") or [{}])[0]
     gradient = (comm.get("parameters") or [{}])[0].get("bytes")
+    workers = comm.get("loader_workers") or []
     return RankSummary(rank=record["rank"], host=record.get("host", ""), steps=len(steps), step=_mean(steps),
                        buckets=buckets, comm=_mean([c.total for c in per_step]),
                        exposed=_mean([c.exposed for c in per_step]), overlapped=_mean([c.overlapped for c in per_step]),
                        buckets_per_step=_mean([c.buckets for c in per_step]), bucket_bytes=sizes,
                        allreduces_per_step=_mean([c.allreduces for c in per_step]),
                        backwards_per_step=_mean([c.backwards for c in per_step]), settings=settings,
-                       gradient_bytes=gradient)
+                       gradient_bytes=gradient, loader_workers=max(workers) if workers else None)
 
 
 def straggler(records: list[dict[str, Any]], ranks: list[RankSummary]) -> Straggler | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jupyter_gpu.ddpprofile.analyse import bucket_title
+from jupyter_gpu.ddpprofile.analyse import RankSummary, bucket_title
 from jupyter_gpu.gpuprofile.result import DATA
 from jupyter_gpu.units import format_seconds
 
@@ -39,8 +39,7 @@ def make_plan(profile: DistributedProfile) -> list[PlanItem]:
     if late is not None and late.lead >= LEAST_SHARE * step:
         what = bucket_title(late.bucket)
         if late.bucket == DATA:
-            change = (f"rank {late.rank}'s loader: more DataLoader workers, or the same per-sample cost as the other "
-                      "ranks (%dataprobe on its loader finds the setting)")
+            change = _data_change(late.rank, slowest, [r for r in ranks if r.rank != late.rank])
         else:
             change = f"rank {late.rank}'s {what} is slower than the others': look at its device and its CPU share"
         items.append(PlanItem(f"straggler: rank {late.rank} {format_seconds(late.lead)} a step behind, in its {what} "
@@ -64,3 +63,16 @@ def make_plan(profile: DistributedProfile) -> list[PlanItem]:
                                   f"(+{format_seconds(data)} a step)", data,
                                   "%dataprobe on one rank's loader, with ranks x num_workers kept within the cores"))
     return sorted(items, key=lambda item: -(item.seconds if item.seconds is not None else -1.0))
+
+
+def _data_change(rank: int, slow: RankSummary, others: list[RankSummary]) -> str:
+    """What to change on a rank that waits longer for data than the others: fewer workers than theirs is named as
+    such; with as many, its samples cost more (a slower disk, another dataset shard), which more workers hide."""
+    mine = slow.loader_workers
+    theirs = max((r.loader_workers or 0) for r in others) if others else 0
+    if mine is not None and mine < theirs:
+        return (f"rank {rank}'s DataLoader has {mine} workers where the others have {theirs}: "
+                f"DataLoader(..., num_workers={theirs}) on every rank")
+    has = f" (it has num_workers={mine})" if mine is not None else ""
+    return (f"rank {rank}'s samples take longer to load than the others'{has}: more workers on its DataLoader, or "
+            "find why its data is slower (its disk, its shard); %dataprobe on its loader measures the settings")

@@ -71,7 +71,8 @@ def scaling_rows(profile: DistributedProfile) -> list[tuple[str, ...]]:
         return []
     rows: list[tuple[str, ...]] = [("the lost part", "seconds/step", "share")]
     for name, seconds in scaling.parts:
-        rows.append((name, format_seconds(seconds), f"{seconds / scaling.n_step:.0%}"))
+        share = seconds / scaling.n_step
+        rows.append((name, format_seconds(seconds), "0%" if abs(share) < 0.005 else f"{share:.0%}"))
     return rows
 
 
