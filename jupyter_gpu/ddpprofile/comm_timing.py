@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpu.units import format_bytes
+
 HASHED_BATCHES = 3
 DDP_SETTINGS = ("bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view", "static_graph",
                 "broadcast_buffers")
@@ -188,7 +190,7 @@ class CommTimer:
             if on_gpu:
                 record.start_event = timer.torch.cuda.Event(enable_timing=True)
                 record.start_event.record()
-            timer._in(f"all_reduce (DDP bucket {record.index}, {record.nbytes} bytes)")
+            timer._in(f"all_reduce (DDP bucket {record.index}, {format_bytes(record.nbytes)})")
             future = hook(state, bucket)
 
             def done(finished: Any) -> Any:

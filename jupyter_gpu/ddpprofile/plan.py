@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jupyter_gpu.ddpprofile.analyse import RankSummary, bucket_title
+from jupyter_gpu.ddpprofile.mistakes import SPLIT_WORTH_BYTES
 from jupyter_gpu.gpuprofile.result import DATA
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from jupyter_gpu.ddpprofile.result import DistributedProfile, PlanItem
@@ -28,11 +29,17 @@ def make_plan(profile: DistributedProfile) -> list[PlanItem]:
     slowest = next((r for r in ranks if late is not None and r.rank == late.rank), max(ranks, key=lambda r: r.compute))
     codes = {f.code for f in profile.findings}
     if len(ranks) > 1 and slowest.exposed >= LEAST_SHARE * step:
+        gradient = slowest.gradient_bytes or 0
         if "DDP_ONE_BUCKET" in codes:
             change = next(f.fix[0] for f in profile.findings if f.code == "DDP_ONE_BUCKET")
+        elif gradient < SPLIT_WORTH_BYTES:
+            # A few MiB all-reduce in about a latency: fewer bytes change little, fewer all-reduces per sample do.
+            change = (f"fewer all-reduces per sample ({format_bytes(gradient)} of gradients all-reduce in about a "
+                      "latency): a larger batch per rank, or accumulate micro-batches under model.no_sync()")
         else:
-            change = ("ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)  # half the bytes; "
-                      "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks")
+            change = ("ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)  # NCCL; half the "
+                      "bytes (fp16_compress_hook elsewhere); from torch.distributed.algorithms.ddp_comm_hooks "
+                      "import default_hooks")
         items.append(PlanItem(f"exposed all-reduce: {format_seconds(slowest.exposed)} a step after the backward, "
                               f"{slowest.overlapped / slowest.comm:.0%} of it overlapped" if slowest.comm else
                               f"exposed all-reduce: {format_seconds(slowest.exposed)} a step", slowest.exposed, change))

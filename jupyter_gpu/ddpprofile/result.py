@@ -17,7 +17,7 @@ class PlanItem:
     change: str             # the exact change
 
 
-@dataclass
+@dataclass(repr=False)  # RichResult's short repr: the headline, not every field
 class DistributedProfile(RichResult):
     renderer: ClassVar[str] = "jupyter_gpu.ddpprofile.render"
 

@@ -131,3 +131,21 @@ def test_a_rank_that_stops_taking_part_is_named_with_the_collective_the_others_w
     assert "--timeout" in profile.failure
     assert seconds < 60
     assert not none_left(script)
+
+
+def test_ctrl_c_stops_every_rank_and_comes_back_as_interrupted(tmp_path) -> None:
+    # The notebook's interrupt is a SIGINT to the kernel's main thread, which waits in the launcher's watch.
+    import os
+    import signal
+    import threading
+
+    timer = threading.Timer(8.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        profile, seconds, script = run(tmp_path, "mlp_ddp.py", "--epochs", "1000", "--width", "64",
+                                       "--samples", "256", "--sample-sleep", "0.002", steps=100000)
+    finally:
+        timer.cancel()
+    assert not profile.ok and profile.failure == "Interrupted: every rank was stopped."
+    assert seconds < 30
+    assert not none_left(script)
