@@ -75,6 +75,10 @@ def add_profile_parser(commands: argparse._SubParsersAction) -> None:
                          help=f"steps run first and not counted (default {DEFAULT_WARMUP})")
     profile.add_argument("--scaling", action="store_true",
                          help="also run with one process per node and report the scaling efficiency")
+    profile.add_argument("--apply", action="store_true",
+                         help="then run it again with the fixes that need no edit (no_sync for accumulation, "
+                              "find_unused_parameters=False, gradient_as_bucket_view, bucket_cap_mb, a "
+                              "DistributedSampler) where the first run found them, and show before and after")
     profile.add_argument("--timeout", type=seconds_type("--timeout"), default=120.0, metavar="S",
                          help="call the run hung when no rank finishes a step in S seconds (default 120)")
     profile.add_argument("--json", default=None, metavar="FILE", help="also write the profile as JSON to FILE")
@@ -211,7 +215,7 @@ def run_profile_command(options: argparse.Namespace) -> int:
 
     try:
         profile = profile_torchrun(launch, steps=options.steps, warmup=options.warmup, with_scaling=options.scaling,
-                                   hang_seconds=options.timeout, progress=None, output=to_stderr)
+                                   apply=options.apply, hang_seconds=options.timeout, progress=None, output=to_stderr)
     except LaunchError as exc:
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE

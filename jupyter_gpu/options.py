@@ -456,7 +456,8 @@ def validate_gpuprofile(options: argparse.Namespace) -> None:
         raise OptionsError(f"{'--scaling' if options.scaling else '--timeout'} is for a run in several processes; add "
                            "--nproc N.")
     if options.nproc is not None:
-        for flag, given in (("--apply", options.apply), ("--keep", options.keep), ("--seconds", options.seconds)):
+        for flag, given in (("--compile", options.compile), ("--data-seconds", options.data_seconds),
+                            ("--keep", options.keep), ("--seconds", options.seconds)):
             if given:
                 raise OptionsError(f"{flag} is not available with --nproc yet: each rank runs the cell as a script "
                                    "and stops after --warmup and --steps optimizer steps.")

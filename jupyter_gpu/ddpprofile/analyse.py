@@ -57,6 +57,7 @@ class RankSummary:
     settings: dict[str, Any]
     gradient_bytes: int | None
     loader_workers: int | None = None  # the most num_workers of the DataLoaders the rank made (None: it made none)
+    batches_per_epoch: int | None = None  # the first DataLoader's length on this rank
 
     @property
     def compute(self) -> float:
@@ -122,13 +123,15 @@ def summarise_rank(record: dict[str, Any]) -> RankSummary:
     settings = (comm.get("settings") or [{}])[0]
     gradient = (comm.get("parameters") or [{}])[0].get("bytes")
     workers = comm.get("loader_workers") or []
+    batches = next((loader.get("batches") for loader in comm.get("loaders") or [] if loader.get("batches")), None)
     return RankSummary(rank=record["rank"], host=record.get("host", ""), steps=len(steps), step=_mean(steps),
                        buckets=buckets, comm=_mean([c.total for c in per_step]),
                        exposed=_mean([c.exposed for c in per_step]), overlapped=_mean([c.overlapped for c in per_step]),
                        buckets_per_step=_mean([c.buckets for c in per_step]), bucket_bytes=sizes,
                        allreduces_per_step=_mean([c.allreduces for c in per_step]),
                        backwards_per_step=_mean([c.backwards for c in per_step]), settings=settings,
-                       gradient_bytes=gradient, loader_workers=max(workers) if workers else None)
+                       gradient_bytes=gradient, loader_workers=max(workers) if workers else None,
+                       batches_per_epoch=batches)
 
 
 def straggler(records: list[dict[str, Any]], ranks: list[RankSummary]) -> Straggler | None:

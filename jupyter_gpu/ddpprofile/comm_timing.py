@@ -240,8 +240,12 @@ def _loader_facts(loader: Any) -> dict[str, Any]:
         size = len(loader.dataset)
     except Exception:  # an IterableDataset: it shards itself, or not, in its own code
         size = None
+    try:
+        batches = len(loader)
+    except Exception:  # an IterableDataset without a length
+        batches = None
     return {"sampler": type(sampler).__name__, "shards": shards, "dataset_size": size,
-            "iterable": size is None}
+            "iterable": size is None, "batches": batches}
 
 
 def _fingerprint(torch: Any, args: Any, kwargs: Any) -> str:

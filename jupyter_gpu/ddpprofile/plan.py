@@ -83,3 +83,35 @@ def _data_change(rank: int, slow: RankSummary, others: list[RankSummary]) -> str
     has = f" (it has num_workers={mine})" if mine is not None else ""
     return (f"rank {rank}'s samples take longer to load than the others'{has}: more workers on its DataLoader, or "
             "find why its data is slower (its disk, its shard); %dataprobe on its loader measures the settings")
+
+
+def mechanical_fixes(profile: DistributedProfile) -> dict[str, object]:
+    """The fixes `--apply` can make without editing the script, from what the first run found: each one only where
+    its finding is (a fix that cannot apply to this run is never tried)."""
+    codes = {f.code: f for f in profile.findings}
+    fixes: dict[str, object] = {}
+    if "DDP_FIND_UNUSED_WITH_NONE_UNUSED" in codes:
+        fixes["find_unused_parameters"] = False
+    if "DDP_GRADIENT_COPY" in codes:
+        fixes["gradient_as_bucket_view"] = True
+    if "DDP_ONE_BUCKET" in codes and profile.ranks and profile.ranks[0].gradient_bytes:
+        fixes["bucket_cap_mb"] = float(f"{profile.ranks[0].gradient_bytes / 4 / 2**20:.2g}")
+    if "DDP_ACCUMULATION_WITHOUT_NO_SYNC" in codes and profile.ranks:
+        fixes["no_sync_every"] = round(profile.ranks[0].backwards_per_step)
+    if "DDP_SAME_SAMPLES_ON_EVERY_RANK" in codes:
+        fixes["distributed_sampler"] = True
+    return fixes
+
+
+FIX_LINES = {
+    "find_unused_parameters": "DDP(model, find_unused_parameters=False)",
+    "gradient_as_bucket_view": "DDP(model, gradient_as_bucket_view=True)",
+    "bucket_cap_mb": "DDP(model, bucket_cap_mb={value})",
+    "no_sync_every": "with model.no_sync(): forward and backward of the first {less} micro-batches of each step",
+    "distributed_sampler": "DataLoader(dataset, sampler=DistributedSampler(dataset, shuffle=...))",
+}
+
+
+def fix_line(name: str, value: object) -> str:
+    less = int(value) - 1 if isinstance(value, int | float) else 0
+    return FIX_LINES[name].format(value=value, less=less)

@@ -45,6 +45,7 @@ def main(argv: list[str]) -> int:
     warmup = int(os.environ.get(WARMUP_ENV, "5"))
     import torch
 
+    from jupyter_gpu.ddpprofile.apply_fixes import fixes_from_env, install_fixes
     from jupyter_gpu.ddpprofile.comm_timing import CommTimer
     from jupyter_gpu.gpuprofile.runner import profile_training
 
@@ -61,6 +62,9 @@ def main(argv: list[str]) -> int:
     record: dict[str, Any] = {"rank": rank, "pid": os.getpid(), "world_size": int(os.environ.get("WORLD_SIZE", "1")),
                               "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": _host()}
     code = 0
+    fixes = fixes_from_env()
+    undo_fixes = install_fixes(torch, fixes)  # before the timer: its wrappers see the fixed objects
+    record["applied"] = fixes
     timer.install()
     try:
         def run_script() -> Any:
@@ -79,6 +83,8 @@ def main(argv: list[str]) -> int:
         code = 1
     finally:
         timer.uninstall()
+        for undo in undo_fixes:
+            undo()
     record["comm"] = _comm_record(timer)
     record["clocks"] = _clocks(torch) if code == 0 else None
     status.stop()

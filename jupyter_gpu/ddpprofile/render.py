@@ -105,6 +105,33 @@ def facts(profile: DistributedProfile) -> list[str]:
     return lines
 
 
+def applied_rows(profile: DistributedProfile) -> list[tuple[str, ...]]:
+    applied = profile.applied
+    if applied is None or applied.failure is not None:
+        return []
+    rows: list[tuple[str, ...]] = [("", "before", "after")]
+    rows.append(("seconds per step", format_seconds(applied.before_step), format_seconds(applied.after_step)))
+    rows.append(("all-reduces per step", f"{applied.before_allreduces:.3g}", f"{applied.after_allreduces:.3g}"))
+    if applied.before_batches and applied.after_batches:
+        rows.append(("steps per epoch, each rank", str(applied.before_batches), str(applied.after_batches)))
+    return rows
+
+
+def applied_lines(profile: DistributedProfile) -> list[str]:
+    applied = profile.applied
+    if applied is None:
+        return []
+    lines = ["Applied without editing the script (--apply), the same run again:"]
+    lines += [f"  {change}" for _, change in applied.fixes]
+    if applied.failure is not None:
+        return [*lines, f"The run with them failed: {applied.failure}"]
+    verdict = f"{applied.step_speedup:.2f}x per step"
+    if applied.epoch_speedup is not None and abs(applied.epoch_speedup - applied.step_speedup) > 0.05:
+        verdict += f", {applied.epoch_speedup:.2f}x per epoch"
+    gone = f"; gone from the findings: {', '.join(applied.gone)}" if applied.gone else ""
+    return [*lines, f"Measured: {verdict}{gone}."]
+
+
 def render_text(profile: DistributedProfile) -> str:
     lines = [headline(profile)]
     if profile.failure is not None:
@@ -121,6 +148,10 @@ def render_text(profile: DistributedProfile) -> str:
         for number, item in enumerate(profile.plan, 1):
             cost = f" ({format_seconds(item.seconds)}/step)" if item.seconds is not None else ""
             lines += [f"  {number}. {item.cause}{cost}", f"       {item.change}"]
+    if profile.applied is not None:
+        lines += ["", *applied_lines(profile)]
+        if applied_rows(profile):
+            lines += table_text(applied_rows(profile), ("before", "after"))
     if profile.findings:
         lines += ["", "Found in the ranks' records:", *findings_text(profile.findings)]
     if profile.notes:
@@ -145,6 +176,12 @@ def render_html(profile: DistributedProfile) -> str:
             f"{escape(f' ({format_seconds(item.seconds)}/step)') if item.seconds is not None else ''}"
             f"{code_block_html(item.change)}</li>" for item in profile.plan)
         parts.append(f"<p>Plan, the costliest first:</p><ol>{items}</ol>")
+    if profile.applied is not None:
+        said = applied_lines(profile)
+        parts.append(f"<p>{escape(said[0])}</p>" + code_block_html("\n".join(c for _, c in profile.applied.fixes)))
+        parts.append("".join(f"<p>{escape(line)}</p>" for line in said[1 + len(profile.applied.fixes):]))
+        if applied_rows(profile):
+            parts.append(table_html(applied_rows(profile), ("before", "after")))
     if profile.findings:
         parts.append("<p>Found in the ranks' records:</p>" + findings_html(profile.findings))
     if profile.notes:

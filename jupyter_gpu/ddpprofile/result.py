@@ -17,6 +17,32 @@ class PlanItem:
     change: str             # the exact change
 
 
+@dataclass(frozen=True)
+class AppliedFixes:
+    """`--apply`: the same run again with the mechanical fixes, set against the first."""
+
+    fixes: list[tuple[str, str]]          # (name, the change as code)
+    before_step: float                    # seconds per step, the ranks' mean
+    after_step: float
+    before_batches: int | None            # batches per epoch on a rank (the DataLoader's length)
+    after_batches: int | None
+    before_allreduces: float              # all-reduces per step
+    after_allreduces: float
+    gone: list[str] = field(default_factory=list)  # finding codes the second run no longer has
+    failure: str | None = None
+
+    @property
+    def step_speedup(self) -> float:
+        return self.before_step / self.after_step if self.after_step > 0 else 0.0
+
+    @property
+    def epoch_speedup(self) -> float | None:
+        """Per epoch: steps per epoch times the step (a DistributedSampler makes fewer steps, not faster ones)."""
+        if not self.before_batches or not self.after_batches or self.after_step <= 0:
+            return None
+        return (self.before_batches * self.before_step) / (self.after_batches * self.after_step)
+
+
 @dataclass(repr=False)  # RichResult's short repr: the headline, not every field
 class DistributedProfile(RichResult):
     renderer: ClassVar[str] = "jupyter_gpu.ddpprofile.render"
@@ -38,6 +64,7 @@ class DistributedProfile(RichResult):
     notes: list[str] = field(default_factory=list)
     failure: str | None = None
     seconds: float = 0.0
+    applied: AppliedFixes | None = None
 
     @property
     def ok(self) -> bool:

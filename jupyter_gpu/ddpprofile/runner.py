@@ -4,6 +4,7 @@ per node and set the two against each other."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -12,52 +13,64 @@ from typing import Any
 
 from jupyter_gpu.ddpprofile import launch
 from jupyter_gpu.ddpprofile.analyse import RankSummary, scaling, straggler, summarise_rank
+from jupyter_gpu.ddpprofile.apply_fixes import APPLY_ENV
 from jupyter_gpu.ddpprofile.clocks import ClockOffset, clock_finding, offsets_line
 from jupyter_gpu.ddpprofile.mistakes import find_mistakes
-from jupyter_gpu.ddpprofile.plan import make_plan
-from jupyter_gpu.ddpprofile.result import DistributedProfile
+from jupyter_gpu.ddpprofile.plan import fix_line, make_plan, mechanical_fixes
+from jupyter_gpu.ddpprofile.result import AppliedFixes, DistributedProfile
 from jupyter_gpu.gpuprofile.request import DEFAULT_STEPS, DEFAULT_WARMUP
 
 Progress = Callable[[str], None]
+Builder = Callable[[Path], list[tuple[list[str], dict[str, str]]]]
 
 
 def profile_torchrun(argv: Sequence[str], *, steps: int = DEFAULT_STEPS, warmup: int = DEFAULT_WARMUP,
-                     with_scaling: bool = False, hang_seconds: float = launch.DEFAULT_HANG_SECONDS,
-                     progress: Progress | None = None, output: Progress | None = None) -> DistributedProfile:
-    """`torchrun [OPTIONS] SCRIPT [ARGS]`, profiled in every rank (and with one process per node, for scaling)."""
+                     with_scaling: bool = False, apply: bool = False,
+                     hang_seconds: float = launch.DEFAULT_HANG_SECONDS, progress: Progress | None = None,
+                     output: Progress | None = None) -> DistributedProfile:
+    """`torchrun [OPTIONS] SCRIPT [ARGS]`, profiled in every rank (and with one process per node, for scaling; and
+    again with the mechanical fixes, for --apply)."""
     command = launch.torchrun_command(argv)
     world = _torchrun_world(argv)
-    profile = _profile(lambda out: [(command, {**os.environ, **launch.profile_env(out, steps, warmup, 1)})],
-                       " ".join(argv), world, steps, warmup, hang_seconds, progress, output)
+
+    def commands(argv_: list[str], extra: dict[str, str]) -> Builder:
+        return lambda out: [(argv_, {**os.environ, **launch.profile_env(out, steps, warmup, 1), **extra})]
+
+    def once(argv_: list[str], world_: int | None, extra: dict[str, str]) -> DistributedProfile:
+        return _profile(commands(argv_, extra), " ".join(argv), world_, steps, warmup, hang_seconds, progress,
+                        output)
+
+    profile = once(command, world, {})
     if with_scaling and profile.ok:
-        single = launch.torchrun_command(_one_per_node(list(argv)))
-        one = _profile(lambda out: [(single, {**os.environ, **launch.profile_env(out, steps, warmup, 1)})],
-                       " ".join(argv), None, steps, warmup, hang_seconds, progress, output)
-        profile = _with_scaling(profile, one)
+        profile = _with_scaling(profile, once(launch.torchrun_command(_one_per_node(list(argv))), None, {}))
+    if apply and profile.ok:
+        profile = _with_fixes(profile, lambda extra: once(command, world, extra))
     return profile
 
 
 def profile_script(script: str, args: Sequence[str] = (), *, processes: int = 2, steps: int = DEFAULT_STEPS,
-                   warmup: int = DEFAULT_WARMUP, with_scaling: bool = False,
+                   warmup: int = DEFAULT_WARMUP, with_scaling: bool = False, apply: bool = False,
                    hang_seconds: float = launch.DEFAULT_HANG_SECONDS, progress: Progress | None = None,
                    output: Progress | None = None, shown_as: str | None = None) -> DistributedProfile:
     """A script (or a notebook cell written to one) in `processes` local ranks, as torchrun's standalone mode."""
     name = shown_as or " ".join([script, *args])
 
-    def commands(count: int) -> Callable[[Path], list[tuple[list[str], dict[str, str]]]]:
+    def once(count: int, extra: dict[str, str]) -> DistributedProfile:
         def build(out: Path) -> list[tuple[list[str], dict[str, str]]]:
-            base = {**os.environ, **launch.profile_env(out, steps, warmup, 1)}
+            base = {**os.environ, **launch.profile_env(out, steps, warmup, 1), **extra}
             return launch.local_commands(script, list(args), count, base_env=base)
-        return build
 
-    profile = _profile(commands(processes), name, processes, steps, warmup, hang_seconds, progress, output)
+        return _profile(build, name, count, steps, warmup, hang_seconds, progress, output)
+
+    profile = once(processes, {})
     if with_scaling and profile.ok:
-        one = _profile(commands(1), name, 1, steps, warmup, hang_seconds, progress, output)
-        profile = _with_scaling(profile, one)
+        profile = _with_scaling(profile, once(1, {}))
+    if apply and profile.ok:
+        profile = _with_fixes(profile, lambda extra: once(processes, extra))
     return profile
 
 
-def _profile(commands: Callable[[Path], list[tuple[list[str], dict[str, str]]]], shown: str, world: int | None,
+def _profile(commands: Builder, shown: str, world: int | None,
              steps: int, warmup: int, hang_seconds: float, progress: Progress | None,
              output: Progress | None) -> DistributedProfile:
     with tempfile.TemporaryDirectory(prefix="jupyter-gpu-ddp-") as folder:
@@ -148,6 +161,33 @@ def _with_scaling(profile: DistributedProfile, one: DistributedProfile) -> Distr
     profile.scaling = scaling(baseline, profile.ranks, profile.straggler)
     profile.plan = make_plan(profile)
     return profile
+
+
+def _with_fixes(profile: DistributedProfile,
+                run_again: Callable[[dict[str, str]], DistributedProfile]) -> DistributedProfile:
+    """--apply: the run again with the mechanical fixes its findings call for, set against the first."""
+    fixes = mechanical_fixes(profile)
+    if not fixes:
+        profile.notes.append("--apply: nothing to apply without editing the script: none of the findings has a "
+                             "mechanical fix (find_unused_parameters, gradient_as_bucket_view, bucket_cap_mb, "
+                             "no_sync for accumulation, a DistributedSampler).")
+        return profile
+    after = run_again({APPLY_ENV: json.dumps(fixes)})
+    lines = [(name, fix_line(name, value)) for name, value in fixes.items()]
+    if not after.ok:
+        profile.applied = AppliedFixes(lines, 0.0, 0.0, None, None, 0.0, 0.0, failure=after.failure)
+        return profile
+    before_codes = {f.code for f in profile.findings}
+    profile.applied = AppliedFixes(
+        fixes=lines, before_step=_mean_step(profile), after_step=_mean_step(after),
+        before_batches=profile.ranks[0].batches_per_epoch, after_batches=after.ranks[0].batches_per_epoch,
+        before_allreduces=profile.ranks[0].allreduces_per_step, after_allreduces=after.ranks[0].allreduces_per_step,
+        gone=sorted(before_codes - {f.code for f in after.findings}))
+    return profile
+
+
+def _mean_step(profile: DistributedProfile) -> float:
+    return sum(r.step for r in profile.ranks) / len(profile.ranks)
 
 
 def _torchrun_world(argv: Sequence[str]) -> int | None:

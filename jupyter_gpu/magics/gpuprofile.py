@@ -104,7 +104,7 @@ class GpuProfileMagics(Magics):
             progress = None if options.quiet else ProgressLine()
             try:
                 profile = profile_script(script, processes=options.nproc, steps=options.steps or DEFAULT_STEPS,
-                                         warmup=options.warmup, with_scaling=options.scaling,
+                                         warmup=options.warmup, with_scaling=options.scaling, apply=options.apply,
                                          hang_seconds=options.timeout or DEFAULT_HANG_SECONDS,
                                          progress=(lambda text: progress(f"%%gpuprofile --nproc: {text}"))
                                          if progress is not None else None,

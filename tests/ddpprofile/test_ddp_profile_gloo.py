@@ -149,3 +149,54 @@ def test_ctrl_c_stops_every_rank_and_comes_back_as_interrupted(tmp_path) -> None
     assert not profile.ok and profile.failure == "Interrupted: every rank was stopped."
     assert seconds < 30
     assert not none_left(script)
+
+
+@pytest.mark.timing  # the hook's sleep per all-reduce is the known cost the fix saves
+def test_apply_puts_the_micro_batches_under_no_sync_and_measures_what_it_saved(tmp_path) -> None:
+    # Accumulation of 4 micro-batches without no_sync, each all-reduce followed by a 20 ms sleep in the hook: the fix
+    # leaves one all-reduce a step, 60 ms less.
+    profile, _, script = run(tmp_path, "mlp_ddp.py", "--accumulate", "4", "--hook-sleep", "0.02", "--width", "64",
+                             "--samples", "1024", apply=True)
+    assert profile.ok, profile.failure
+    applied = profile.applied
+    assert applied is not None and applied.failure is None
+    assert [name for name, _ in applied.fixes][:1] == ["no_sync_every"] or "no_sync_every" in dict(applied.fixes)
+    assert applied.before_allreduces == 4 and applied.after_allreduces == 1
+    assert "DDP_ACCUMULATION_WITHOUT_NO_SYNC" in applied.gone
+    assert applied.before_step - applied.after_step == pytest.approx(0.060, rel=0.25)
+    text = str(profile)
+    assert "Applied without editing the script (--apply)" in text and f"{applied.step_speedup:.2f}x per step" in text
+    assert not none_left(script)
+
+
+@pytest.mark.timing  # the per-sample sleep is the step's known cost, so the two runs' steps compare
+def test_apply_gives_each_rank_its_share_of_the_dataset_and_counts_the_epoch(tmp_path) -> None:
+    profile, _, _ = run(tmp_path, "mlp_ddp.py", "--no-sampler", "--width", "64", "--samples", "256",
+                        "--sample-sleep", "0.002", apply=True)
+    assert profile.ok, profile.failure
+    applied = profile.applied
+    assert applied is not None and "distributed_sampler" in dict(applied.fixes)
+    assert applied.before_batches == 16 and applied.after_batches == 8  # 256 samples, batch 16, 2 ranks
+    assert applied.epoch_speedup is not None and applied.epoch_speedup > 1.5
+    assert "DDP_SAME_SAMPLES_ON_EVERY_RANK" in applied.gone
+    assert "per epoch" in str(profile)
+
+
+def test_apply_tries_only_the_fixes_whose_findings_the_first_run_had(tmp_path) -> None:
+    # The trainer uses no_sync and a DistributedSampler, and finds every parameter: only its gradient copy has a
+    # mechanical fix (its BatchNorm advice has none that keeps the model's meaning).
+    profile, _, _ = run(tmp_path, "trainer_ddp.py", "2", "8", "2", "0", apply=True)
+    assert profile.ok and profile.applied is not None
+    assert [name for name, _ in profile.applied.fixes] == ["gradient_as_bucket_view"]
+    assert profile.applied.gone == ["DDP_GRADIENT_COPY"]
+    assert profile.applied.before_allreduces == profile.applied.after_allreduces == 1
+
+
+def test_apply_with_nothing_mechanical_to_fix_says_so_and_runs_once() -> None:
+    from jupyter_gpu.ddpprofile.result import DistributedProfile
+    from jupyter_gpu.ddpprofile.runner import _with_fixes
+
+    runs: list[dict] = []
+    profile = _with_fixes(DistributedProfile(command="train.py", world=2), lambda extra: runs.append(extra))
+    assert runs == [] and profile.applied is None
+    assert profile.notes[0].startswith("--apply: nothing to apply without editing the script")
