@@ -74,6 +74,7 @@ class Straggler:
     bucket: str          # the bucket that made it slow
     its_seconds: float   # that bucket on the straggler, per step
     others_seconds: float
+    by_step: tuple[int, ...] = ()  # the slowest rank of each profiled step
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def straggler(records: list[dict[str, Any]], ranks: list[RankSummary]) -> Stragg
     bucket = max(excess, key=lambda key: excess[key])
     return Straggler(rank=slowest, slowest_steps=slowest_each.count(slowest), steps=steps, lead=lead, bucket=bucket,
                      its_seconds=by_rank[slowest].buckets.get(bucket, 0.0),
-                     others_seconds=_mean([r.buckets.get(bucket, 0.0) for r in others]))
+                     others_seconds=_mean([r.buckets.get(bucket, 0.0) for r in others]), by_step=tuple(slowest_each))
 
 
 def scaling(one: RankSummary, ranks: list[RankSummary], late: Straggler | None) -> Scaling:

@@ -26,8 +26,8 @@ SPLIT_WORTH_BYTES = 4 * 2**20  # gradients under this all-reduce in about a late
 
 def find_mistakes(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> list[Finding]:
     found: list[Finding] = []
-    for check in (_same_samples, _unused_search, _accumulation_without_no_sync, _workers_over_cores,
-                  _batch_norm, _one_bucket, _bucket_view):
+    for check in (_same_samples, _unused_search, _accumulation_without_no_sync, _sync_every_step,
+                  _workers_over_cores, _batch_norm, _one_bucket, _bucket_view):
         finding = check(records, ranks, cores)
         if finding is not None:
             found.append(finding)
@@ -97,6 +97,27 @@ def _accumulation_without_no_sync(records: list[dict[str, Any]], ranks: list[Ran
              "in the forward whether the backward all-reduces",
              "    loss = loss_fn(model(inputs), targets) / accumulation_steps",
              "    loss.backward()"])
+
+
+def _sync_every_step(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> Finding | None:
+    """A value read on the host every step on a GPU: the host waits there for the step's kernels and its NCCL
+    all-reduce, so it cannot queue the next step's work under them. On the CPU a read waits for nothing (gloo's
+    all-reduce is already done when the backward returns): nothing is said."""
+    profile = records[0].get("profile") or {} if records else {}
+    if not str(profile.get("device", "")).startswith("cuda"):
+        return None
+    every = [s for s in profile.get("syncs", []) if s.get("per_step", 0) >= 1]
+    if not every:
+        return None
+    first = every[0]
+    where = f"{first['file'].rsplit('/', 1)[-1]}:{first['line']}"
+    return Finding(
+        code="DDP_SYNC_EVERY_STEP", severity="warn",
+        headline=(f"{where} reads a value on the host every step ({first['source']}): each rank waits there for "
+                  "its step's kernels and all-reduce, so the next step cannot be queued under them"),
+        evidence={"line": where, "reads per step": f"{first['per_step']:.3g}", "ranks": len(records)},
+        fix=["log every N steps: if step % 50 == 0: print(loss.item())  # or keep a running tensor sum and read it "
+             "once an epoch"])
 
 
 def _workers_over_cores(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> Finding | None:

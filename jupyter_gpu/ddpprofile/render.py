@@ -93,7 +93,8 @@ def facts(profile: DistributedProfile) -> list[str]:
                      "the throughput")
     late = profile.straggler
     if late is not None:
-        lines.append(f"Slowest rank: {late.rank} in {late.slowest_steps} of {late.steps} steps, "
+        lines.append(f"Slowest rank: {late.rank} in {late.slowest_steps} of {late.steps} steps "
+                     f"(step by step: {' '.join(map(str, late.by_step))}), "
                      f"{format_seconds(late.lead)} a step behind the others' mean; its {bucket_title(late.bucket)}: "
                      f"{format_seconds(late.its_seconds)} against {format_seconds(late.others_seconds)}")
     if profile.clock_line:

@@ -146,3 +146,20 @@ def test_ranks_and_their_workers_beyond_the_cores_are_found_with_a_count_that_fi
     assert "num_workers=3" in finding.fix[0]
     assert "DDP_WORKERS_OVER_CORES" not in {f.code for f in find_mistakes(records, [summarise_rank(r) for r in records],
                                                                            cores=32)}
+
+
+def test_a_read_every_step_is_found_on_gpus_only() -> None:
+    records = [rank_record(r, data=0.01, backward=0.02, exposed=0.002) for r in (0, 1)]
+    for record in records:
+        record["profile"]["syncs"] = [{"file": "/home/u/train.py", "line": 41, "source": "print(loss.item())",
+                                       "per_step": 1.0}]
+    ranks = [summarise_rank(r) for r in records]
+    assert "DDP_SYNC_EVERY_STEP" not in {f.code for f in find_mistakes(records, ranks, cores=64)}  # CPU: no wait
+    for record in records:
+        record["profile"]["device"] = "cuda:0"
+    found = {f.code: f for f in find_mistakes(records, ranks, cores=64)}
+    assert "train.py:41 reads a value on the host every step (print(loss.item()))" in (
+        found["DDP_SYNC_EVERY_STEP"].headline)
+    for record in records:
+        record["profile"]["syncs"][0]["per_step"] = 0.02  # once every 50 steps
+    assert "DDP_SYNC_EVERY_STEP" not in {f.code for f in find_mistakes(records, ranks, cores=64)}
