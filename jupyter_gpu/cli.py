@@ -182,7 +182,15 @@ def run_check_distributed(options: argparse.Namespace, request: CheckRequest) ->
     except (OSError, ValueError) as exc:
         print(f"jupyter-gpu: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _print_report(report, options)
+    # A terminal reads it: `python -m pip`, `jupyter-gpu check`, no kernel (gpucheck/surface.py). The launch table's
+    # "checked from a notebook: `%gpucheck --distributed` there" stays: those launches are only checked there.
+    from dataclasses import replace
+
+    from jupyter_gpu.gpucheck.surface import finding_for_terminal
+
+    python = str(report.facts.get("python", {}).get("executable") or sys.executable)
+    terminal = replace(report, findings=[finding_for_terminal(f, python) for f in report.findings])
+    return _print_report(terminal, options)
 
 
 def _print_report(report: GpuCheckReport | ReadinessReport, options: argparse.Namespace) -> int:

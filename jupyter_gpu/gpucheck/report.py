@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 from jupyter_gpu.gpucheck.diagnose.stack import Stack
-from jupyter_gpu.gpucheck.surface import NOTEBOOK, for_terminal
+from jupyter_gpu.gpucheck.surface import NOTEBOOK, finding_for_terminal, for_terminal
 from jupyter_gpu.models import Finding, RichResult, Status, primary_finding
 
 REPORT_SCHEMA_VERSION = 1
@@ -112,13 +112,7 @@ class GpuCheckReport(RichResult):
     @property
     def terminal_findings(self) -> list[Finding]:
         """The findings as a terminal reads them (gpucheck/surface.py)."""
-        def words(value: Any) -> Any:  # evidence quotes fixes too: "not suggested here: `%pip install ...`"
-            if isinstance(value, str):
-                return for_terminal(value, self.python)
-            return [words(item) for item in value] if isinstance(value, list) else value
-
-        return [replace(f, headline=words(f.headline), fix=words(f.fix),
-                        evidence={key: words(value) for key, value in f.evidence.items()}) for f in self.findings]
+        return [finding_for_terminal(f, self.python) for f in self.findings]
 
     @property
     def codes(self) -> list[str]:

@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from jupyter_gpu.models import Finding
 
 NOTEBOOK, TERMINAL = "notebook", "terminal"
 
@@ -34,9 +38,14 @@ _REWRITES: list[tuple[str, str]] = [
     (r"run the notebook again", "run it again"),
     (r"this notebook's container", "this container"),
     (r"next to the notebook", "next to your script"),
+    (r"In this notebook, drop the stale values: ", "Drop the stale values (`unset` them in the shell, or in Python): "),
+    (r"defined in this notebook", "defined in a notebook"),
+    (r"from this notebook", "from a notebook"),
     (r"in this notebook", "in this Python"),
     (r"this kernel's", "this Python's"),
     (r"this kernel", "this Python"),
+    (r"`%gpucheck` \(or `jupyter-gpu check`\)", "`jupyter-gpu check`"),
+    (r"`%gpucheck`", "`jupyter-gpu check`"),
     (r"%pip\b", "{python} -m pip"),
     (r"%env (\w+)=", r"export \1="),
 ]
@@ -56,6 +65,18 @@ def _expand(replacement: str, python: str) -> str | Callable[[re.Match[str]], st
         return replacement
     filled = replacement.replace("{python}", python)
     return lambda match: filled  # a function: the interpreter's path may hold backslashes (Windows)
+
+
+def finding_for_terminal(finding: Finding, python: str) -> Finding:
+    """A finding as a terminal reads it: headline, fix lines and evidence (evidence quotes fixes too: "not suggested
+    here: `%pip install ...`")."""
+    def words(value: Any) -> Any:
+        if isinstance(value, str):
+            return for_terminal(value, python)
+        return [words(item) for item in value] if isinstance(value, list) else value
+
+    return replace(finding, headline=words(finding.headline), fix=words(finding.fix),
+                   evidence={key: words(value) for key, value in finding.evidence.items()})
 
 
 def worded(text: str, surface: str, python: str) -> str:

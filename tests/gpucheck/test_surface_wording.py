@@ -111,3 +111,22 @@ def test_every_notebook_phrase_written_in_the_rules_has_a_terminal_form() -> Non
     assert len(phrases) > 40
     left = [(name, text) for name, text in phrases if NOTEBOOK_ONLY.search(for_terminal(text, "python"))]
     assert not left, left
+
+
+def test_the_distributed_checks_words_have_a_terminal_form_and_the_cli_prints_it() -> None:
+    # `jupyter-gpu check --distributed` printed "Run `%gpucheck`: it names ... the exact `%pip install` line" and
+    # "`%gpucheck` (or `jupyter-gpu check`) says ..." to a terminal. The launch table's "checked from a notebook:
+    # `%gpucheck --distributed` there" stays: those launches can only be checked from a notebook.
+    magic = re.compile(NOTEBOOK_ONLY.pattern + r"|`%gpucheck`")
+    rooms = Path(__file__).resolve().parents[2] / "jupyter_gpu" / "distributed"
+    phrases = [(path.name, node.value) for path in [*sorted(rooms.glob("*rules.py")), rooms / "readiness.py"]
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str) and magic.search(node.value)]
+    assert len(phrases) >= 3
+    left = [(name, text) for name, text in phrases if magic.search(for_terminal(text, "python"))]
+    assert not left, left
+    assert for_terminal("`%gpucheck` (or `jupyter-gpu check`) says why", "python") == "`jupyter-gpu check` says why"
+    done = subprocess.run([sys.executable, "-m", "jupyter_gpu", "check", "--distributed"], capture_output=True,
+                          text=True, timeout=120)
+    findings = [line for line in done.stdout.splitlines() if "checked from a notebook" not in line]
+    assert not [line for line in findings if magic.search(line)], done.stdout
