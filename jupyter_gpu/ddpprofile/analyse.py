@@ -56,6 +56,8 @@ class RankSummary:
     backwards_per_step: float
     settings: dict[str, Any]
     gradient_bytes: int | None
+    gather: float = 0.0          # FSDP: mean all-gather seconds per step (the union of its all-gathers)
+    kind: str = "all_reduce"     # how the gradients travel: DDP's "all_reduce", FSDP's "reduce_scatter"
     loader_workers: int | None = None  # the most num_workers of the DataLoaders the rank made (None: it made none)
     batches_per_epoch: int | None = None  # the first DataLoader's length on this rank
 
@@ -121,6 +123,9 @@ def summarise_rank(record: dict[str, Any]) -> RankSummary:
             values = [max(0.0, v - c.exposed) for v, c in zip(values, per_step, strict=False)]
         buckets[key] = _mean(values)
     sizes = sorted({b["bytes"] for b in comm.get("buckets", [])}, reverse=True)
+    kinds = {b.get("kind", "all_reduce") for b in comm.get("buckets", [])}
+    gathers = [_union([(g["ready"], g["done"]) for g in comm.get("gathers", [])
+                       if g["step"] == first + k and g.get("done") is not None]) for k in range(len(steps))]
     settings = (comm.get("settings") or [{}])[0]
     gradient = (comm.get("parameters") or [{}])[0].get("bytes")
     workers = comm.get("loader_workers") or []
@@ -132,7 +137,8 @@ def summarise_rank(record: dict[str, Any]) -> RankSummary:
                        allreduces_per_step=_mean([c.allreduces for c in per_step]),
                        backwards_per_step=_mean([c.backwards for c in per_step]), settings=settings,
                        gradient_bytes=gradient, loader_workers=max(workers) if workers else None,
-                       batches_per_epoch=batches)
+                       batches_per_epoch=batches, gather=_mean(gathers),
+                       kind="reduce_scatter" if kinds == {"reduce_scatter"} else "all_reduce")
 
 
 def straggler(records: list[dict[str, Any]], ranks: list[RankSummary]) -> Straggler | None:

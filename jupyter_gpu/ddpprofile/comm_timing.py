@@ -43,6 +43,15 @@ class BucketTime:
     done: float | None = None
     start_event: Any = None
     end_event: Any = None
+    kind: str = "all_reduce"  # DDP's buckets; "reduce_scatter" and "all_gather" for FSDP's collectives
+
+
+# FSDP has no communication hook: its collectives are timed where it calls them, by name on torch.distributed
+# (FSDP2's _fsdp_collectives looks them up at each call; FSDP1 calls the *_tensor forms). Reduce-scatters run in the
+# backward as DDP's all-reduces do, and FSDP2's final backward callback waits for them, so they are read the same
+# way (overlapped, exposed); all-gathers run before each forward and backward, and are shown as their time.
+FSDP_COLLECTIVES = {"reduce_scatter_single": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+                    "all_gather_single": "all_gather", "all_gather_into_tensor": "all_gather"}
 
 
 @dataclass
@@ -64,6 +73,7 @@ class InFlight:
 @dataclass
 class CommRecords:
     buckets: list[BucketTime] = field(default_factory=list)
+    gathers: list[BucketTime] = field(default_factory=list)  # FSDP's all-gathers
     backwards: list[BackwardTime] = field(default_factory=list)
     step_ends: list[float] = field(default_factory=list)  # perf_counter at each optimizer step's end
     settings: list[dict[str, Any]] = field(default_factory=list)  # each DDP's settings, as built
@@ -140,7 +150,13 @@ class CommTimer:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         handle = register_optimizer_step_post_hook(self._stepped)
-        self._undo = [lambda: setattr(DDP, "forward", original_forward),
+        dist = torch.distributed
+        for name, kind in FSDP_COLLECTIVES.items():
+            original = getattr(dist, name, None)
+            if original is not None:
+                setattr(dist, name, self._timed_collective(original, kind))
+                self._undo.append(lambda name=name, original=original: setattr(dist, name, original))
+        self._undo += [lambda: setattr(DDP, "forward", original_forward),
                       lambda: setattr(DDP, "register_comm_hook", original_register),
                       lambda: setattr(torch.autograd, "backward", original_backward),
                       lambda: setattr(DataLoader, "__init__", original_loader_init), handle.remove]
@@ -207,6 +223,28 @@ class CommTimer:
         timed_hook.__qualname__ = getattr(hook, "__qualname__", "hook")  # what DDP's logger names
         timed_hook.__name__ = getattr(hook, "__name__", "hook")
         return timed_hook
+
+    def _timed_collective(self, collective: Any, kind: str) -> Any:
+        timer = self
+
+        def timed(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            tensor = input if kind == "reduce_scatter" else output
+            record = BucketTime(step=timer.now.step, index=len(timer.records.buckets), kind=kind,
+                                nbytes=tensor.numel() * tensor.element_size(), ready=time.perf_counter())
+            timer._in(f"{kind} (FSDP, {format_bytes(record.nbytes)})")
+            try:
+                work = collective(output, input, *args, **kwargs)
+            finally:
+                timer._out()
+            if work is None:  # synchronous: done as it returned
+                record.done = time.perf_counter()
+            else:
+                work.get_future().then(lambda finished: setattr(record, "done", time.perf_counter()))
+            with timer._lock:
+                (timer.records.gathers if kind == "all_gather" else timer.records.buckets).append(record)
+            return work
+
+        return timed
 
     def _stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.records.step_ends.append(time.perf_counter())

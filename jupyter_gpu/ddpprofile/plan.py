@@ -30,7 +30,10 @@ def make_plan(profile: DistributedProfile) -> list[PlanItem]:
     codes = {f.code for f in profile.findings}
     if len(ranks) > 1 and slowest.exposed >= LEAST_SHARE * step:
         gradient = slowest.gradient_bytes or 0
-        if "DDP_ONE_BUCKET" in codes:
+        if slowest.kind == "reduce_scatter":
+            change = ("more compute to hide the reduce-scatters under: a larger batch per rank; with accumulation, "
+                      "model.set_requires_gradient_sync(False) on the micro-batches before the last (FSDP2)")
+        elif "DDP_ONE_BUCKET" in codes:
             change = next(f.fix[0] for f in profile.findings if f.code == "DDP_ONE_BUCKET")
         elif gradient < SPLIT_WORTH_BYTES:
             # A few MiB all-reduce in about a latency: fewer bytes change little, fewer all-reduces per sample do.
@@ -40,9 +43,10 @@ def make_plan(profile: DistributedProfile) -> list[PlanItem]:
             change = ("ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)  # NCCL; half the "
                       "bytes (fp16_compress_hook elsewhere); from torch.distributed.algorithms.ddp_comm_hooks "
                       "import default_hooks")
-        items.append(PlanItem(f"exposed all-reduce: {format_seconds(slowest.exposed)} a step after the backward, "
+        what = "reduce-scatter" if slowest.kind == "reduce_scatter" else "all-reduce"
+        items.append(PlanItem(f"exposed {what}: {format_seconds(slowest.exposed)} a step after the backward, "
                               f"{slowest.overlapped / slowest.comm:.0%} of it overlapped" if slowest.comm else
-                              f"exposed all-reduce: {format_seconds(slowest.exposed)} a step", slowest.exposed, change))
+                              f"exposed {what}: {format_seconds(slowest.exposed)} a step", slowest.exposed, change))
     if late is not None and late.lead >= LEAST_SHARE * step:
         what = bucket_title(late.bucket)
         if late.bucket == DATA:

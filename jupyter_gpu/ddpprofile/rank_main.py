@@ -86,6 +86,9 @@ def main(argv: list[str]) -> int:
         for undo in undo_fixes:
             undo()
     record["comm"] = _comm_record(timer)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        record["backend"] = str(dist.get_backend())
     record["clocks"] = _clocks(torch) if code == 0 else None
     status.stop()
     _write(out / f"rank-{rank}.json", record)
@@ -108,8 +111,11 @@ def _profile_record(result: Any) -> dict[str, Any]:
 
 def _comm_record(timer: Any) -> dict[str, Any]:
     records = timer.records
-    return {"buckets": [{"step": b.step, "index": b.index, "bytes": b.nbytes, "ready": b.ready, "done": b.done}
-                        for b in records.buckets],
+    def spans(found: list[Any]) -> list[dict[str, Any]]:
+        return [{"step": b.step, "index": b.index, "bytes": b.nbytes, "ready": b.ready, "done": b.done,
+                 "kind": b.kind} for b in found]
+
+    return {"buckets": spans(records.buckets), "gathers": spans(records.gathers),
             "backwards": [{"step": b.step, "start": b.start, "end": b.end} for b in records.backwards],
             "step_ends": records.step_ends, "settings": records.settings, "parameters": records.parameters,
             "ddp_logging": records.logging, "input_hashes": records.input_hashes,

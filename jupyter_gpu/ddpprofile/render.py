@@ -10,8 +10,8 @@ from jupyter_gpu.gpuprofile.result import BACKWARD, DATA, FORWARD, OPTIMIZER
 from jupyter_gpu.render_kit import code_block_html, findings_html, findings_text, table_html, table_text
 from jupyter_gpu.units import format_bytes, format_seconds
 
-NUMERIC = ("step", "data wait", "forward", "backward", "optimizer", "other", "all-reduce", "overlapped", "exposed",
-           "buckets", "seconds/step")
+NUMERIC = ("step", "data wait", "forward", "backward", "optimizer", "other", "all-reduce", "reduce-scatter",
+           "overlapped", "exposed", "buckets", "collectives", "all-gather", "seconds/step")
 
 
 def headline(profile: DistributedProfile) -> str:
@@ -50,8 +50,10 @@ def parts_sentence(profile: DistributedProfile) -> str:
 
 
 def rank_table(profile: DistributedProfile) -> list[tuple[str, ...]]:
+    fsdp = any(r.kind == "reduce_scatter" or r.gather for r in profile.ranks)
+    comm, pieces = ("reduce-scatter", "collectives") if fsdp else ("all-reduce", "buckets")
     rows: list[tuple[str, ...]] = [("rank", "host", "step", "data wait", "forward", "backward", "optimizer", "other",
-                                    "all-reduce", "overlapped", "exposed", "buckets")]
+                                    comm, "overlapped", "exposed", pieces, *(("all-gather",) if fsdp else ()))]
     late = profile.straggler.rank if profile.straggler is not None else None
     for r in profile.ranks:
         b = r.buckets
@@ -61,7 +63,7 @@ def rank_table(profile: DistributedProfile) -> list[tuple[str, ...]]:
                      format_seconds(sum(v for k, v in b.items()
                                         if k not in (DATA, FORWARD, BACKWARD, OPTIMIZER))),
                      format_seconds(r.comm), format_seconds(r.overlapped), format_seconds(r.exposed),
-                     f"{r.buckets_per_step:.3g}"))
+                     f"{r.buckets_per_step:.3g}", *((format_seconds(r.gather),) if fsdp else ())))
     return rows
 
 
@@ -79,7 +81,11 @@ def scaling_rows(profile: DistributedProfile) -> list[tuple[str, ...]]:
 def facts(profile: DistributedProfile) -> list[str]:
     lines = []
     ranks = profile.ranks
-    if ranks and ranks[0].bucket_bytes:
+    if ranks and ranks[0].bucket_bytes and ranks[0].kind == "reduce_scatter":
+        sizes = ", ".join(format_bytes(b) for b in ranks[0].bucket_bytes[:6])
+        lines.append(f"FSDP: {ranks[0].buckets_per_step:.3g} reduce-scatter(s) a step ({sizes}), all-gathers "
+                     f"{format_seconds(ranks[0].gather)} a step")
+    elif ranks and ranks[0].bucket_bytes:
         sizes = ", ".join(format_bytes(b) for b in ranks[0].bucket_bytes[:6])
         settings = ranks[0].settings
         lines.append(f"DDP: {ranks[0].buckets_per_step:.3g} bucket(s) a step ({sizes}); bucket_cap_mb="
@@ -138,7 +144,7 @@ def render_text(profile: DistributedProfile) -> str:
     if profile.failure is not None:
         lines += ["", profile.failure]
     if profile.ranks:
-        lines += ["", "Per rank, seconds per step (backward without the all-reduce it waited for):"]
+        lines += ["", "Per rank, seconds per step (backward without its wait for the communication):"]
         lines += table_text(rank_table(profile), NUMERIC)
         lines += ["", *facts(profile)]
     rows = scaling_rows(profile)

@@ -96,10 +96,17 @@ def build(records: list[dict[str, Any]], command: str, world: int | None, steps:
     profile.device = first.get("device", "")
     ranks = [summarise_rank(r) for r in usable]
     profile.ranks = ranks
-    profile.backend = ((usable[0].get("comm", {}).get("ddp_logging") or [{}])[0].get("backend_name") or "")
-    if not any(r.get("comm", {}).get("settings") for r in usable):
-        profile.notes.append("No DistributedDataParallel was called: the communication columns are empty (FSDP's "
-                             "reduce-scatter and all-gather are not timed yet).")
+    profile.backend = (usable[0].get("backend")
+                       or (usable[0].get("comm", {}).get("ddp_logging") or [{}])[0].get("backend_name") or "")
+    fsdp = any(r.kind == "reduce_scatter" or r.gather for r in ranks)
+    if fsdp:
+        profile.backend = f"FSDP, {profile.backend}" if profile.backend else "FSDP"
+        profile.notes.append("FSDP: its reduce-scatters are read as DDP's all-reduces are (ready when FSDP issues "
+                             "them, done when they complete; exposed is what the backward waited for after the last "
+                             "one); its all-gathers, before each forward and backward, are shown as their time.")
+    elif not any(r.get("comm", {}).get("settings") for r in usable):
+        profile.notes.append("Neither DistributedDataParallel nor FSDP's collectives were called: the "
+                             "communication columns are empty.")
     profile.straggler = straggler(usable, ranks)
     offsets = _offsets(usable[0].get("clocks"))
     if offsets:

@@ -200,3 +200,17 @@ def test_apply_with_nothing_mechanical_to_fix_says_so_and_runs_once() -> None:
     profile = _with_fixes(DistributedProfile(command="train.py", world=2), lambda extra: runs.append(extra))
     assert runs == [] and profile.applied is None
     assert profile.notes[0].startswith("--apply: nothing to apply without editing the script")
+
+
+def test_fsdp_reduce_scatters_and_all_gathers_are_timed_per_rank(tmp_path) -> None:
+    # FSDP2 as pytorch/examples' distributed/FSDP2/example.py shards it: every block, then the model (4 units).
+    profile, _, script = run(tmp_path, "fsdp_transformer.py")
+    assert profile.ok, profile.failure
+    assert profile.backend == "FSDP, gloo"
+    for rank in profile.ranks:
+        assert rank.kind == "reduce_scatter" and rank.buckets_per_step == 4  # one reduce-scatter per unit
+        assert rank.comm > 0 and rank.gather > 0 and 0 <= rank.exposed <= rank.comm * 1.05 + 1e-3
+    text = str(profile)
+    assert "reduce-scatter" in text and "all-gather" in text and "FSDP: 4 reduce-scatter(s) a step" in text
+    assert not any(item.cause.startswith("exposed all-reduce") for item in profile.plan)
+    assert not none_left(script)
