@@ -1,6 +1,7 @@
 """In one rank, for `--apply`'s second run: the mechanical DDP fixes, made without editing the script.
 
-- DDP's constructor arguments (`find_unused_parameters=False`, `gradient_as_bucket_view=True`, `bucket_cap_mb`) are
+- DDP's constructor arguments (`find_unused_parameters=False`, `gradient_as_bucket_view=True`, `bucket_cap_mb`,
+  `static_graph=True`) are
   set by wrapping `DistributedDataParallel.__init__`: what the script passed is replaced, the rest kept.
 - `no_sync()` for accumulation: DDP decides in its forward whether the coming backward all-reduces
   (`require_backward_grad_sync`); with K backwards a step seen in the first run, the forwards before the K-th of each
@@ -18,7 +19,7 @@ import os
 from typing import Any
 
 APPLY_ENV = "JUPYTER_GPU_DDP_APPLY"
-CONSTRUCTOR = ("find_unused_parameters", "gradient_as_bucket_view", "bucket_cap_mb")
+CONSTRUCTOR = ("find_unused_parameters", "gradient_as_bucket_view", "bucket_cap_mb", "static_graph")
 
 
 def fixes_from_env() -> dict[str, Any]:

@@ -26,7 +26,7 @@ SPLIT_WORTH_BYTES = 4 * 2**20  # gradients under this all-reduce in about a late
 
 def find_mistakes(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> list[Finding]:
     found: list[Finding] = []
-    for check in (_same_samples, _unused_search, _accumulation_without_no_sync, _sync_every_step,
+    for check in (_same_samples, _unused_search, _static_graph, _accumulation_without_no_sync, _sync_every_step,
                   _workers_over_cores, _batch_norm, _one_bucket, _bucket_view):
         finding = check(records, ranks, cores)
         if finding is not None:
@@ -76,6 +76,25 @@ def _unused_search(records: list[dict[str, Any]], ranks: list[RankSummary], core
                   "graph after every forward for nothing"),
         evidence={"unused parameter bytes (DDP's own count)": 0},
         fix=["model = DDP(model, find_unused_parameters=False)"])
+
+
+def _static_graph(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> Finding | None:
+    """find_unused_parameters=True with parameters unused: DDP searches the graph after every forward for them.
+    Where the same ones go unused every iteration (a frozen or skipped branch), static_graph=True finds them once."""
+    logs = [(r.get("comm", {}).get("ddp_logging") or [{}])[0] for r in records]
+    if not logs or not all(log.get("find_unused_parameters") == 1 for log in logs):
+        return None
+    unused = max(log.get("unused_parameter_size", 0) for log in logs)
+    if not unused or any(log.get("static_graph") for log in logs) or \
+            any((r.get("comm", {}).get("settings") or [{}])[0].get("static_graph") for r in records):
+        return None
+    return Finding(
+        code="DDP_STATIC_GRAPH_OFF", severity="info",
+        headline=(f"find_unused_parameters=True finds {format_bytes(unused)} of parameters unused: DDP searches the "
+                  "autograd graph after every forward; if the same ones go unused every iteration, static_graph=True "
+                  "finds them once (--apply measures it; DDP raises if the graph changes)"),
+        evidence={"unused parameter bytes (DDP's own count)": unused},
+        fix=["model = DDP(model, find_unused_parameters=True, static_graph=True)"])
 
 
 def _accumulation_without_no_sync(records: list[dict[str, Any]], ranks: list[RankSummary],

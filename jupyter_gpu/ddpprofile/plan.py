@@ -96,6 +96,8 @@ def mechanical_fixes(profile: DistributedProfile) -> dict[str, object]:
     fixes: dict[str, object] = {}
     if "DDP_FIND_UNUSED_WITH_NONE_UNUSED" in codes:
         fixes["find_unused_parameters"] = False
+    if "DDP_STATIC_GRAPH_OFF" in codes:
+        fixes["static_graph"] = True
     if "DDP_GRADIENT_COPY" in codes:
         fixes["gradient_as_bucket_view"] = True
     if "DDP_ONE_BUCKET" in codes and profile.ranks and profile.ranks[0].gradient_bytes:
@@ -110,6 +112,7 @@ def mechanical_fixes(profile: DistributedProfile) -> dict[str, object]:
 FIX_LINES = {
     "find_unused_parameters": "DDP(model, find_unused_parameters=False)",
     "gradient_as_bucket_view": "DDP(model, gradient_as_bucket_view=True)",
+    "static_graph": "DDP(model, static_graph=True)",
     "bucket_cap_mb": "DDP(model, bucket_cap_mb={value})",
     "no_sync_every": "with model.no_sync(): forward and backward of the first {less} micro-batches of each step",
     "distributed_sampler": "DataLoader(dataset, sampler=DistributedSampler(dataset, shuffle=...))",

@@ -214,3 +214,22 @@ def test_fsdp_reduce_scatters_and_all_gathers_are_timed_per_rank(tmp_path) -> No
     assert "reduce-scatter" in text and "all-gather" in text and "FSDP: 4 reduce-scatter(s) a step" in text
     assert not any(item.cause.startswith("exposed all-reduce") for item in profile.plan)
     assert not none_left(script)
+
+
+@pytest.mark.parametrize("unused", [False, True])
+def test_find_unused_parameters_is_checked_against_what_ddp_found_unused(tmp_path, unused: bool) -> None:
+    # Without an unused branch the search is for nothing (find_unused_parameters=False); with a head the forward never
+    # calls, static_graph=True finds it once: --apply measures that, and DDP would raise if the graph changed.
+    extra = ["--unused-branch"] if unused else []
+    profile, _, script = run(tmp_path, "mlp_ddp.py", "--find-unused", "--width", "64", "--samples", "256", *extra,
+                             apply=True)
+    assert profile.ok, profile.failure
+    codes = {f.code for f in profile.findings}
+    expected, fix = (("DDP_STATIC_GRAPH_OFF", "static_graph") if unused else
+                     ("DDP_FIND_UNUSED_WITH_NONE_UNUSED", "find_unused_parameters"))
+    assert expected in codes and ({"DDP_STATIC_GRAPH_OFF", "DDP_FIND_UNUSED_WITH_NONE_UNUSED"} - {expected}) & codes \
+        == set()
+    applied = profile.applied
+    assert applied is not None and applied.failure is None, applied
+    assert fix in dict(applied.fixes) and expected in applied.gone
+    assert not none_left(script)
