@@ -21,13 +21,17 @@ from jupyter_gpu.models import Finding
 from jupyter_gpu.units import format_bytes, format_seconds
 
 SMALL_BATCH = 32  # per-rank samples under which BatchNorm's per-rank statistics get noisy (SyncBatchNorm's docs)
-SPLIT_WORTH_BYTES = 4 * 2**20  # gradients under this all-reduce in about a latency: more buckets, more latencies
+SPLIT_WORTH_BYTES = 4 * 2**20
+# Buckets this many a step, none of them this big: latency-bound all-reduces (a 1 MiB all-reduce on NVLink takes about
+# its latency, tens of microseconds, as one of 25 MiB takes a few hundred).
+MANY_BUCKETS = 16
+SMALL_BUCKET_BYTES = 2**20  # gradients under this all-reduce in about a latency: more buckets, more latencies
 
 
 def find_mistakes(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> list[Finding]:
     found: list[Finding] = []
     for check in (_same_samples, _unused_search, _static_graph, _accumulation_without_no_sync, _sync_every_step,
-                  _workers_over_cores, _batch_norm, _one_bucket, _bucket_view):
+                  _workers_over_cores, _batch_norm, _one_bucket, _many_small_buckets, _bucket_view):
         finding = check(records, ranks, cores)
         if finding is not None:
             found.append(finding)
@@ -191,6 +195,26 @@ def _one_bucket(records: list[dict[str, Any]], ranks: list[RankSummary], cores: 
         evidence={"gradient bytes": format_bytes(rank.gradient_bytes),
                   "bucket_cap_mb": rank.settings.get("bucket_cap_mb")},
         fix=[f"model = DDP(model, bucket_cap_mb={cap})  # about four buckets, the first all-reduced under the "
+             "backward"])
+
+
+def _many_small_buckets(records: list[dict[str, Any]], ranks: list[RankSummary],
+                        cores: int | None) -> Finding | None:
+    """The other side of the bucket size: a cap far below the gradients' size makes many small all-reduces, each
+    paying a collective's latency (DDP's default 25 MiB exists for this)."""
+    rank = ranks[0] if ranks else None
+    if rank is None or len(ranks) < 2 or rank.kind != "all_reduce" or rank.buckets_per_step < MANY_BUCKETS:
+        return None
+    if not rank.bucket_bytes or max(rank.bucket_bytes) >= SMALL_BUCKET_BYTES or not rank.gradient_bytes:
+        return None
+    return Finding(
+        code="DDP_MANY_SMALL_BUCKETS", severity="info",
+        headline=(f"{rank.buckets_per_step:.0f} buckets a step of at most {format_bytes(max(rank.bucket_bytes))} for "
+                  f"{format_bytes(rank.gradient_bytes)} of gradients: each all-reduce pays a collective's latency"),
+        evidence={"buckets per step": f"{rank.buckets_per_step:.0f}",
+                  "bucket_cap_mb": rank.settings.get("bucket_cap_mb"),
+                  "gradient bytes": format_bytes(rank.gradient_bytes)},
+        fix=["model = DDP(model, bucket_cap_mb=25)  # DDP's default: a few large buckets, the first under the "
              "backward"])
 
 

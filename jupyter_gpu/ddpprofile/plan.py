@@ -100,6 +100,8 @@ def mechanical_fixes(profile: DistributedProfile) -> dict[str, object]:
         fixes["static_graph"] = True
     if "DDP_GRADIENT_COPY" in codes:
         fixes["gradient_as_bucket_view"] = True
+    if "DDP_MANY_SMALL_BUCKETS" in codes:
+        fixes["bucket_cap_mb"] = 25.0
     if "DDP_ONE_BUCKET" in codes and profile.ranks and profile.ranks[0].gradient_bytes:
         fixes["bucket_cap_mb"] = float(f"{profile.ranks[0].gradient_bytes / 4 / 2**20:.2g}")
     if "DDP_ACCUMULATION_WITHOUT_NO_SYNC" in codes and profile.ranks:

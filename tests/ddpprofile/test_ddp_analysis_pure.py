@@ -163,3 +163,23 @@ def test_a_read_every_step_is_found_on_gpus_only() -> None:
     for record in records:
         record["profile"]["syncs"][0]["per_step"] = 0.02  # once every 50 steps
     assert "DDP_SYNC_EVERY_STEP" not in {f.code for f in find_mistakes(records, ranks, cores=64)}
+
+
+def test_bucket_sizes_far_from_the_gradients_are_found_both_ways() -> None:
+    def ranks_with(buckets: int, size: int, exposed: float, backward: float) -> tuple[list[dict], list]:
+        records = [rank_record(r, data=0.0, backward=backward, exposed=exposed, buckets=buckets) for r in (0, 1)]
+        for record in records:
+            for bucket in record["comm"]["buckets"]:
+                bucket["bytes"] = size
+            record["comm"]["parameters"] = [{"count": 40, "bytes": buckets * size}]
+        return records, [summarise_rank(r) for r in records]
+
+    many, summaries = ranks_with(64, 256 << 10, exposed=0.004, backward=0.02)
+    found = {f.code: f for f in find_mistakes(many, summaries, cores=64)}
+    assert "DDP_MANY_SMALL_BUCKETS" in found and "64 buckets a step of at most 256.0 KiB" in (
+        found["DDP_MANY_SMALL_BUCKETS"].headline)
+    one, summaries = ranks_with(1, 64 << 20, exposed=0.030, backward=0.040)
+    found = {f.code: f for f in find_mistakes(one, summaries, cores=64)}
+    assert "DDP_ONE_BUCKET" in found and "bucket_cap_mb=16" in found["DDP_ONE_BUCKET"].fix[0]
+    small, summaries = ranks_with(1, 32 << 10, exposed=0.030, backward=0.040)  # a latency: splitting cannot help
+    assert not {"DDP_ONE_BUCKET", "DDP_MANY_SMALL_BUCKETS"} & {f.code for f in find_mistakes(small, summaries, 64)}
