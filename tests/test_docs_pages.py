@@ -25,13 +25,13 @@ README = ROOT / "README.md"
 README_LIMIT_BYTES = 15 * 1024
 
 FEATURE_PAGES = ("gpucheck", "gputime", "batchprobe", "dataprobe", "speedprobe", "gpumem", "gpuprofile", "gpucells",
-                 "gpupanel", "side-panel", "distributed", "cli")
+                 "gpupanel", "side-panel", "distributed", "distributed-profile", "cli")
 HEADINGS = ("The question it answers", "A real output", "Every option", "The result object", "What it never does",
             "Known limits", "Speed")
 README_SECTIONS = ("Quick start", "Which question, which tool", "Install into your own Jupyter", "Requirements",
                    "Troubleshooting", "Speed", "Development", "License")
 # Every `jupyter-gpu` command is documented on cli.md; these are also on their feature's page.
-CLI_FEATURE_PAGES = {"check": ("gpucheck",), "allreduce": ("distributed",)}
+CLI_FEATURE_PAGES = {"check": ("gpucheck",), "allreduce": ("distributed",), "profile": ("distributed-profile",)}
 
 
 # -- reading markdown ----------------------------------------------------------------------------------------
