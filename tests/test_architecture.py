@@ -46,7 +46,8 @@ PURE = [
     "jupyter_gpu.dataprobe.decide", "jupyter_gpu.dataprobe.render",
     "jupyter_gpu.speedprobe", "jupyter_gpu.speedprobe.catalog", "jupyter_gpu.speedprobe.result",
     "jupyter_gpu.speedprobe.decide", "jupyter_gpu.speedprobe.render", "jupyter_gpu.gpucheck.diagnose.worker_rules",
-    "jupyter_gpu.snapshot_paths", "jupyter_gpu.snapshot_schedulers", "jupyter_gpu.gputime.compiled",
+    "jupyter_gpu.snapshot", "jupyter_gpu.snapshot.paths", "jupyter_gpu.snapshot.schedulers",
+    "jupyter_gpu.gputime.compiled",
     "jupyter_gpu.gpumem", "jupyter_gpu.gpumem.result", "jupyter_gpu.gpumem.reconcile", "jupyter_gpu.gpumem.history",
     "jupyter_gpu.gpumem.render", "jupyter_gpu.gpumem.collector",
     "jupyter_gpu.distributed", "jupyter_gpu.distributed.links", "jupyter_gpu.distributed.readiness",
@@ -265,7 +266,7 @@ def test_every_result_names_a_renderer_module_that_renders_it() -> None:
 # The rooms: each package directly under jupyter_gpu/. Shared rooms hold what several features use; surfaces show
 # features to the user. Every other room is a feature's, so a new feature's room is held to the rules below the
 # moment it exists.
-SHARED_ROOMS = {"probekit", "facts", "metrics"}
+SHARED_ROOMS = {"probekit", "facts", "metrics", "snapshot"}
 SURFACE_ROOMS = {"magics", "widgets", "server", "autoload", "labextension"}
 
 

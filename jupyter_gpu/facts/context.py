@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_system
+from jupyter_gpu.snapshot.paths import PathFlavour, flavour_of_system
 
 ROOT_VARIABLE = "JUPYTER_GPU_ROOT"
 DEFAULT_PROBE_TIMEOUT_S = 60.0

@@ -16,7 +16,7 @@ from jupyter_gpu.facts.libraries import library_path_facts
 from jupyter_gpu.facts.probe import BASE_SECTIONS, ProbeHandle, start_probe
 from jupyter_gpu.facts.probe_cache import CachedProbe, TorchProbeCache, lookup_key
 from jupyter_gpu.facts.system import gather_system
-from jupyter_gpu.snapshot_schedulers import ACCESS_VARIABLES
+from jupyter_gpu.snapshot.schedulers import ACCESS_VARIABLES
 from jupyter_gpu.version import __version__
 
 SCHEMA_NAME = "jupyter-gpu/facts"
@@ -35,7 +35,7 @@ RELEVANT_ENV: tuple[str, ...] = tuple(dict.fromkeys((
     "KAGGLE_KERNEL_RUN_TYPE", "WSL_DISTRO_NAME", "KUBERNETES_SERVICE_HOST",
     # What feeds the panels in this process: a simulated or replayed backend is said beside the real check.
     "JUPYTER_GPU_BACKEND",
-    # Who may open the GPU (snapshot_schedulers.py): what the job schedulers set inside a job and when it was given
+    # Who may open the GPU (snapshot/schedulers.py): what the job schedulers set inside a job and when it was given
     # GPUs, Kubernetes' service variable, a JupyterHub server's variables, WSL's.
     *ACCESS_VARIABLES,
 )))

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 
-from jupyter_gpu import snapshot_schedulers as access
 from jupyter_gpu.gpucheck.diagnose import health_rules, nvml_classes
 from jupyter_gpu.gpucheck.diagnose.driver_api_rules import compat_answered
 from jupyter_gpu.gpucheck.diagnose.fixes import RESTART, jetson_fit, jetson_l4t, pip_fix_lines
 from jupyter_gpu.gpucheck.diagnose.view import FactsView
 from jupyter_gpu.gpucheck.diagnose.wheels import JETSON_PYTORCH_GUIDE, jetpack_name, missing_library_need
 from jupyter_gpu.models import LAYER_HARDWARE, LAYER_HOST, Finding
+from jupyter_gpu.snapshot import schedulers as access
 
 LOGIN_HOSTNAME = re.compile(r"(^|[-_.])login", re.I)
 NVML_DRIVER_NOT_LOADED = 9
@@ -204,7 +204,7 @@ def driver_unreachable(view: FactsView) -> list[Finding]:
 
 
 def job_given_no_gpu(view: FactsView) -> list[Finding]:
-    """Inside any scheduler's job that was given no GPU (snapshot_schedulers.py), where something denies the GPUs: the
+    """Inside any scheduler's job that was given no GPU (snapshot/schedulers.py), where something denies the GPUs: the
     job's cgroup (NVML cannot reach a loaded driver) or a placeholder in CUDA_VISIBLE_DEVICES (HTCondor's 10000).
     The fix is that scheduler's request: never the driver, never the variable, which a job cannot take GPUs by."""
     job = view.batch_job

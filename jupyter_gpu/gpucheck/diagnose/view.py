@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from jupyter_gpu import snapshot_schedulers as access
 from jupyter_gpu.gpucheck.diagnose import nvml_classes
 from jupyter_gpu.gpucheck.diagnose.cuda_driver import DriverApiAnswer, driver_api_answer
 from jupyter_gpu.gpucheck.diagnose.visibility import Visibility, canonical_uuid, parse_visible_devices, short_uuid
-from jupyter_gpu.snapshot_paths import PathFlavour, flavour_of_snapshot
-from jupyter_gpu.snapshot_schedulers import Scheduler, current_job
+from jupyter_gpu.snapshot import schedulers as access
+from jupyter_gpu.snapshot.paths import PathFlavour, flavour_of_snapshot
+from jupyter_gpu.snapshot.schedulers import Scheduler, current_job
 
 ERROR_NUMBER = re.compile(r"Error (\d+)")
 FOUND_VERSION = re.compile(r"too old \(found version (\d+)\)")
@@ -209,7 +209,7 @@ class FactsView:
 
     @cached_property
     def batch_job(self) -> tuple[Scheduler, str] | None:
-        """The job scheduler this process runs under and its job's id (snapshot_schedulers.py); None outside a job."""
+        """The job scheduler this process runs under and its job's id (snapshot/schedulers.py); None outside a job."""
         return current_job(self.env)
 
     @property
@@ -225,7 +225,7 @@ class FactsView:
 
     @property
     def pod_gpu_allocation(self) -> str | None:
-        """In a Kubernetes pod: the GPUs NVIDIA's device plugin allocated to this container (snapshot_schedulers)."""
+        """In a Kubernetes pod: the GPUs NVIDIA's device plugin allocated to this container (snapshot/schedulers.py)."""
         return access.plugin_allocation(self.env) if self.hosting.get("kubernetes") else None
 
     @property
