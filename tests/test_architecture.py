@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu"
 # Ring 1: pure Python. They may import each other and the standard library, nothing from the outside world.
 PURE = [
     "jupyter_gpu", "jupyter_gpu.version", "jupyter_gpu.models", "jupyter_gpu.units", "jupyter_gpu.render_kit",
-    "jupyter_gpu.oom_markers", "jupyter_gpu.mismatch_markers", "jupyter_gpu.memory_growth", "jupyter_gpu.cell_usage",
+    "jupyter_gpu.torch_errors", "jupyter_gpu.torch_errors.oom", "jupyter_gpu.torch_errors.mismatch",
+    "jupyter_gpu.memory_growth", "jupyter_gpu.cell_usage",
     "jupyter_gpu.gpucells", "jupyter_gpu.gpucells.result", "jupyter_gpu.gpucells.log", "jupyter_gpu.gpucells.render",
     "jupyter_gpu.device_uuid", "jupyter_gpu.atomic_write",
     "jupyter_gpu.autoload.config", "jupyter_gpu.autoload.notice",
@@ -266,7 +267,7 @@ def test_every_result_names_a_renderer_module_that_renders_it() -> None:
 # The rooms: each package directly under jupyter_gpu/. Shared rooms hold what several features use; surfaces show
 # features to the user. Every other room is a feature's, so a new feature's room is held to the rules below the
 # moment it exists.
-SHARED_ROOMS = {"probekit", "facts", "metrics", "snapshot"}
+SHARED_ROOMS = {"probekit", "facts", "metrics", "snapshot", "torch_errors"}
 SURFACE_ROOMS = {"magics", "widgets", "server", "autoload", "labextension"}
 
 

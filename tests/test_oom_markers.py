@@ -6,7 +6,7 @@ import pytest
 
 from jupyter_gpu.batchprobe.oom import FailureKind, classify
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings
-from jupyter_gpu.oom_markers import OOM_MARKERS, find_oom_marker
+from jupyter_gpu.torch_errors.oom import OOM_MARKERS, find_oom_marker
 
 
 def gpucheck_last_error(type_: str, message: str) -> list:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
 from jupyter_gpu.probekit.exceptions import exception_chain
+from jupyter_gpu.torch_errors.oom import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
 from jupyter_gpu.units import format_bytes
 
 # Our own memory budget (for CPU, MPS or XPU runs that pretend to be a smaller GPU) raises
@@ -57,7 +57,7 @@ class _Rule:
 
 
 # Checked in order against the message of a RuntimeError (or subclass), before the shared out-of-memory table
-# (`jupyter_gpu.oom_markers`) and the generic " out of memory" fallback below.
+# (`jupyter_gpu.torch_errors.oom`) and the generic " out of memory" fallback below.
 _STICKY_RULES = (
     _Rule(FailureKind.STICKY, "illegal memory access", "an illegal memory access was encountered"),
     _Rule(FailureKind.STICKY, "device-side assert", "device-side assert triggered"),

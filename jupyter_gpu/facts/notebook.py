@@ -26,7 +26,7 @@ has not imported it there is nothing to audit) and never initialises CUDA: it re
     (sorted parameter dtypes, e.g. ["float32"]), `has_conv`, `has_rnn`, `has_batchnorm` (bool), `part_of`
     (name of another audited module that contains this one or is the same object, else None).
   - kind "tensor" (`torch.Tensor`, at least 1 MiB unless named in `names`): `device`, `dtype`, `shape`
-    (list of int), `nbytes`. When the last exception is a device-mismatch error (`jupyter_gpu.mismatch_markers`),
+    (list of int), `nbytes`. When the last exception is a device-mismatch error (`jupyter_gpu.torch_errors.mismatch`),
     tensors under 1 MiB on either device it names are listed too (at most 64), each with `small` (True): they
     are there to explain that error, and other rules leave them out. The key is absent on every other tensor.
   - kind "optimizer" (`torch.optim.Optimizer`): `class`, `param_devices` (sorted), `state_devices` (sorted;
@@ -51,7 +51,7 @@ from typing import Any
 from jupyter_gpu.facts.errors import describe_error, error_message, qualified_name
 from jupyter_gpu.facts.loader import loader_facts
 from jupyter_gpu.kernel_torch import loaded_torch
-from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch
+from jupyter_gpu.torch_errors.mismatch import DeviceMismatch, find_device_mismatch
 
 MIB = 1024 * 1024
 MAX_CHAIN = 10

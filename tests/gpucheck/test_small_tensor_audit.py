@@ -14,7 +14,7 @@ from fake_machine import Machine
 
 from jupyter_gpu.facts.notebook import MAX_SMALL_TENSORS, gather_notebook_facts
 from jupyter_gpu.gpucheck.diagnose.usage import last_error_findings, usage_findings
-from jupyter_gpu.mismatch_markers import find_device_mismatch
+from jupyter_gpu.torch_errors.mismatch import find_device_mismatch
 
 CUDA_MISMATCH = (
     "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "

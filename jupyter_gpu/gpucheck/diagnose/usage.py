@@ -21,9 +21,9 @@ import re
 from typing import Any
 
 from jupyter_gpu.gpucheck.diagnose.worker_rules import CUDA_FORK_READ_ERROR, MOVE_DATASET, worker_findings
-from jupyter_gpu.mismatch_markers import DeviceMismatch, find_device_mismatch, held_on
 from jupyter_gpu.models import LAYER_LAST_ERROR, LAYER_USAGE, Finding
-from jupyter_gpu.oom_markers import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
+from jupyter_gpu.torch_errors.mismatch import DeviceMismatch, find_device_mismatch, held_on
+from jupyter_gpu.torch_errors.oom import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
 
 MODEL_MIN_PARAMS = 10_000
 TUNING_GUIDE = "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html"
