@@ -43,7 +43,7 @@ from jupyter_gpu.distributed.collective import (
     bandwidths,
     parse_sizes,
 )
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 HAND_ROLLED = '''
 import json, os, sys, time

@@ -69,7 +69,7 @@ from jupyter_gpu.dataprobe.measure import StepTarget, TrialRunner
 from jupyter_gpu.dataprobe.result import LOOP, SWEEP, DataProbeResult, Trial
 from jupyter_gpu.dataprobe.runner import DataProbeRequest, run_dataprobe
 from jupyter_gpu.dataprobe.settings import DEFAULT_PREFETCH, LoaderSettings
-from jupyter_gpu.units import format_rate
+from jupyter_gpu.rendering.units import format_rate
 from tests.fixtures.sleepy_data import loader_for_ratio, sleepy_step
 
 EXHAUSTIVE_WINDOWS = 3

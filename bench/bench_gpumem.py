@@ -75,7 +75,7 @@ from tables import print_report
 from jupyter_gpu.gpumem.allocator import device_totals
 from jupyter_gpu.gpumem.result import MemoryMap
 from jupyter_gpu.gpumem.runner import map_memory, walk_notebook
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 GOAL_SECONDS = 0.5
 GOAL_STORAGES = 10_000

@@ -30,7 +30,7 @@ from models import MLP, EncoderClassifier, ResNet
 from tables import print_table
 
 from jupyter_gpu.gpuprofile.instrument import measure_hook_costs
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 BUCKETS_PER_STEP = 5  # data, forward, backward, optimizer, one read (`loss.item()`)
 

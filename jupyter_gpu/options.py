@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from jupyter_gpu.units import parse_bytes
+from jupyter_gpu.rendering.units import parse_bytes
 
 
 class OptionsError(ValueError):

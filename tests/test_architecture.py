@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_gpu"
 
 # Ring 1: pure Python. They may import each other and the standard library, nothing from the outside world.
 PURE = [
-    "jupyter_gpu", "jupyter_gpu.version", "jupyter_gpu.models", "jupyter_gpu.units", "jupyter_gpu.render_kit",
+    "jupyter_gpu", "jupyter_gpu.version", "jupyter_gpu.models", "jupyter_gpu.rendering", "jupyter_gpu.rendering.units",
+    "jupyter_gpu.rendering.kit",
     "jupyter_gpu.torch_errors", "jupyter_gpu.torch_errors.oom", "jupyter_gpu.torch_errors.mismatch",
     "jupyter_gpu.memory_growth", "jupyter_gpu.cell_usage",
     "jupyter_gpu.gpucells", "jupyter_gpu.gpucells.result", "jupyter_gpu.gpucells.log", "jupyter_gpu.gpucells.render",
@@ -267,7 +268,7 @@ def test_every_result_names_a_renderer_module_that_renders_it() -> None:
 # The rooms: each package directly under jupyter_gpu/. Shared rooms hold what several features use; surfaces show
 # features to the user. Every other room is a feature's, so a new feature's room is held to the rules below the
 # moment it exists.
-SHARED_ROOMS = {"probekit", "facts", "metrics", "snapshot", "torch_errors"}
+SHARED_ROOMS = {"probekit", "facts", "metrics", "rendering", "snapshot", "torch_errors"}
 SURFACE_ROOMS = {"magics", "widgets", "server", "autoload", "labextension"}
 
 
@@ -295,7 +296,8 @@ def test_the_rooms_are_found_from_the_package() -> None:
     assert {"gpucheck", "gputime", "batchprobe", "dataprobe", "speedprobe", "gpumem", "distributed"} <= feature_rooms()
     assert not feature_rooms() & (SHARED_ROOMS | SURFACE_ROOMS)
     assert all((PACKAGE / r).is_dir() for r in SHARED_ROOMS | SURFACE_ROOMS)
-    assert room("jupyter_gpu.units") is None and room("jupyter_gpu.probekit.clock") == "probekit"
+    assert room("jupyter_gpu.models") is None and room("jupyter_gpu.probekit.clock") == "probekit"
+    assert room("jupyter_gpu.rendering.units") == "rendering"
     assert room("jupyter_gpu.gpumem") == "gpumem"  # a room's own __init__
 
 

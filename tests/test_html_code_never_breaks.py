@@ -20,7 +20,7 @@ from machine_space import machine_states
 
 from jupyter_gpu.gpucheck.diagnose.engine import diagnose
 from jupyter_gpu.gpuprofile.result import AppliedFixes
-from jupyter_gpu.render_kit import CODE_BLOCK_STYLE, CODE_INLINE_STYLE
+from jupyter_gpu.rendering.kit import CODE_BLOCK_STYLE, CODE_INLINE_STYLE
 
 sys.path.insert(0, str(Path(__file__).parent / "gpuprofile"))
 from test_gpuprofile_pure import profile

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpu.units import format_bytes, format_rate, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_rate, format_seconds
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

@@ -34,7 +34,7 @@ from jupyter_gpu.batchprobe.result import AMP_DTYPES
 from jupyter_gpu.batchprobe.search import Outcome, memory_line
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
 from jupyter_gpu.probekit.user_line import in_torch, innermost_user_frame, place_of
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 # Held back from every memory size for what tensors do not show: the CUDA context (about 0.3-1 GiB) and
 # cuBLAS/cuDNN workspaces. 1 GiB as in the reference experiment (exp/predict_bs.py); an assumption, not yet

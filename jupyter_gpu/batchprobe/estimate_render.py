@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.batchprobe.estimate_result import MemoryEstimate
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 
 def headline(result: MemoryEstimate) -> str:

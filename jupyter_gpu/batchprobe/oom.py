@@ -23,8 +23,8 @@ import enum
 from dataclasses import dataclass
 
 from jupyter_gpu.probekit.exceptions import exception_chain
+from jupyter_gpu.rendering.units import format_bytes
 from jupyter_gpu.torch_errors.oom import TORCH_OOM_TYPE, device_out_of_memory, find_oom_marker
-from jupyter_gpu.units import format_bytes
 
 # Our own memory budget (for CPU, MPS or XPU runs that pretend to be a smaller GPU) raises
 # torch.OutOfMemoryError with this marker, so the probe can tell its own refusal from a real allocator's.

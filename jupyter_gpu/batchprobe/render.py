@@ -11,8 +11,8 @@ from typing import Any
 
 from jupyter_gpu.batchprobe.result import RECOMMEND, VERIFY, BatchProbeResult, Trial
 from jupyter_gpu.batchprobe.search import top_of_range
-from jupyter_gpu.render_kit import COLOUR, rows_html, rows_text
-from jupyter_gpu.units import format_bytes, format_rate, format_seconds
+from jupyter_gpu.rendering.kit import COLOUR, rows_html, rows_text
+from jupyter_gpu.rendering.units import format_bytes, format_rate, format_seconds
 
 BAR_WIDTH = 12
 

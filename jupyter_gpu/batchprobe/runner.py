@@ -42,7 +42,7 @@ from jupyter_gpu.probekit.step_failure import argument_mismatch, raised_sentence
 from jupyter_gpu.probekit.step_output import StepOutput
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 # Without --max the search stops here: a tiny model "fits" a million samples, and running a step that
 # large only to say so would take minutes. The report says when this cap, not memory, was the limit.

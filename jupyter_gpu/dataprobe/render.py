@@ -12,7 +12,7 @@ from html import escape
 from jupyter_gpu.dataprobe import decide
 from jupyter_gpu.dataprobe.result import LOOP, SWEEP, VERIFY, DataProbeResult, StepAlone, Trial
 from jupyter_gpu.dataprobe.settings import LoaderSettings
-from jupyter_gpu.render_kit import (
+from jupyter_gpu.rendering.kit import (
     COLOUR,
     code_block_html,
     findings_html,
@@ -21,7 +21,7 @@ from jupyter_gpu.render_kit import (
     rows_text,
     table_text,
 )
-from jupyter_gpu.units import format_bytes, format_duration, format_rate, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_duration, format_rate, format_seconds
 
 BAR_WIDTH = 30
 TABLE_HEADINGS = ("setting", "stage", "samples/s", "min–max", "windows", "first batch", "worker memory", "wait", "")

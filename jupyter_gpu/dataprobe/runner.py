@@ -47,7 +47,7 @@ from jupyter_gpu.probekit.step_failure import argument_mismatch, first_parameter
 from jupyter_gpu.probekit.step_output import warning_notes
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 DEFAULT_SECONDS = 60.0
 BASELINE_WINDOWS = 3

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 OFFSET_ENV = "JUPYTER_GPU_CLOCK_OFFSET_NS"
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 HASHED_BATCHES = 3
 DDP_SETTINGS = ("bucket_cap_mb", "find_unused_parameters", "gradient_as_bucket_view", "static_graph",

@@ -29,7 +29,7 @@ from typing import Any
 
 from jupyter_gpu.ddpprofile.rank_main import OUT_ENV, STEPS_ENV, WARMUP_ENV
 from jupyter_gpu.probekit.child_processes import Children, free_port
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 RANK_MODULE = "jupyter_gpu.ddpprofile.rank_main"
 DEFAULT_HANG_SECONDS = 120.0

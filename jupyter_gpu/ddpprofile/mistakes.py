@@ -18,7 +18,7 @@ from typing import Any
 from jupyter_gpu.ddpprofile.analyse import RankSummary
 from jupyter_gpu.gpuprofile.result import BACKWARD
 from jupyter_gpu.models import Finding
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 SMALL_BATCH = 32  # per-rank samples under which BatchNorm's per-rank statistics get noisy (SyncBatchNorm's docs)
 SPLIT_WORTH_BYTES = 4 * 2**20

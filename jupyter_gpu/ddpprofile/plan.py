@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from jupyter_gpu.ddpprofile.analyse import RankSummary, bucket_title
 from jupyter_gpu.ddpprofile.mistakes import SPLIT_WORTH_BYTES
 from jupyter_gpu.gpuprofile.result import DATA
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from jupyter_gpu.ddpprofile.result import DistributedProfile, PlanItem

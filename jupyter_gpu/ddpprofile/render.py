@@ -7,8 +7,8 @@ from html import escape
 from jupyter_gpu.ddpprofile.analyse import bucket_title
 from jupyter_gpu.ddpprofile.result import DistributedProfile
 from jupyter_gpu.gpuprofile.result import BACKWARD, DATA, FORWARD, OPTIMIZER
-from jupyter_gpu.render_kit import code_block_html, findings_html, findings_text, table_html, table_text
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.kit import code_block_html, findings_html, findings_text, table_html, table_text
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 NUMERIC = ("step", "data wait", "forward", "backward", "optimizer", "other", "all-reduce", "reduce-scatter",
            "overlapped", "exposed", "buckets", "collectives", "all-gather", "seconds/step")

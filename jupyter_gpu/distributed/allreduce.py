@@ -31,7 +31,7 @@ from jupyter_gpu.distributed.collective import (
 )
 from jupyter_gpu.distributed.links import LinkPeak
 from jupyter_gpu.probekit.child_processes import Children, free_port, tail
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 WORKER = "jupyter_gpu.distributed.allreduce_worker"
 GLOO_PROCESSES = 2  # enough to exercise the launch, the collective and the check on any CPU

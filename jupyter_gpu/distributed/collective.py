@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from jupyter_gpu.distributed.links import LinkPeak, ratio_to_peak
 from jupyter_gpu.models import RichResult, Status
-from jupyter_gpu.units import format_bytes, format_count, parse_bytes
+from jupyter_gpu.rendering.units import format_bytes, format_count, parse_bytes
 
 KIB, MIB = 1 << 10, 1 << 20
 ELEMENT_BYTES = 4  # float32, the element type every rank reduces (exact sums, so wrong is wrong)
@@ -148,7 +148,7 @@ class AllReduceResult(RichResult):
 
 
 # nccl-tests' -b/-e sizes are binary (128M = 128 MiB): a bare K, M or G means the same here. KB, MB, GB are SI
-# as jupyter_gpu.units reads them everywhere else.
+# as jupyter_gpu.rendering.units reads them everywhere else.
 _BINARY_SUFFIXES = {"k": "KiB", "m": "MiB", "g": "GiB"}
 SIZES_SYNTAX = "a list like 1K,64K,16M or a range FROM:TO[:FACTOR] like 8:64M (powers of 2 from 8 B to 64 MiB)"
 

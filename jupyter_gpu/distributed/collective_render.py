@@ -7,7 +7,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.distributed.collective import P2P_FIX, SINGLE_RANK_NOTE, AllReduceResult
-from jupyter_gpu.render_kit import (
+from jupyter_gpu.rendering.kit import (
     COLOUR,
     SIMULATED_HTML,
     SIMULATED_TEXT,
@@ -17,7 +17,7 @@ from jupyter_gpu.render_kit import (
     rows_text,
     table_text,
 )
-from jupyter_gpu.units import format_bytes, format_count, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_count, format_seconds
 
 SIZE_HEADINGS = ("size", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong", "% of peak")
 P2P_HEADINGS = ("copy", "size", "GB/s", "#wrong")

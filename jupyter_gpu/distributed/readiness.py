@@ -10,7 +10,7 @@ from typing import Any
 from jupyter_gpu.distributed.topology import Topology
 from jupyter_gpu.distributed.topology_rules import topology_findings
 from jupyter_gpu.models import LAYER_BUILD, LAYER_HOST, LAYER_USAGE, LAYER_VISIBILITY, Finding, order_findings
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 SMALL_SHM_BYTES = 1024**3  # Docker's default is 64 MB; NCCL's shared-memory transport and DataLoader workers need more
 NCCL_DEBUG_ADVICE = "When an NCCL call fails or hangs, rerun it with `NCCL_DEBUG=WARN` (or INFO): NCCL then says why."

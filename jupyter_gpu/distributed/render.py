@@ -10,7 +10,7 @@ from jupyter_gpu.distributed.readiness import NCCL_DEBUG_ADVICE, gpu_view
 from jupyter_gpu.distributed.report import ReadinessReport
 from jupyter_gpu.distributed.topology import Topology
 from jupyter_gpu.distributed.topology_render import matrix_html, matrix_text
-from jupyter_gpu.render_kit import (
+from jupyter_gpu.rendering.kit import (
     COLOUR,
     SIMULATED_HTML,
     SIMULATED_TEXT,
@@ -22,7 +22,7 @@ from jupyter_gpu.render_kit import (
     rows_text,
     table_text,
 )
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 SEP = " · "
 WORKS = {True: "works", False: "fails", None: "not checked here"}

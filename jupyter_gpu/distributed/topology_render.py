@@ -9,8 +9,8 @@ from html import escape
 
 from jupyter_gpu.distributed.links import GB
 from jupyter_gpu.distributed.topology import Topology
-from jupyter_gpu.render_kit import COLOUR, SIMULATED_HTML, SIMULATED_TEXT, rows_html, rows_text, table_text
-from jupyter_gpu.units import format_rate
+from jupyter_gpu.rendering.kit import COLOUR, SIMULATED_HTML, SIMULATED_TEXT, rows_html, rows_text, table_text
+from jupyter_gpu.rendering.units import format_rate
 
 SELF = "X"
 NO_P2P = "no P2P"

@@ -14,7 +14,7 @@ from typing import Any
 from jupyter_gpu.cell_usage import LONG_CELL_S, LOW_UTILIZATION_PERCENT, MIN_READINGS
 from jupyter_gpu.gpucells.result import IDLE_GPU, MEMORY_GROWS, SLOWEST, CellFlag, CellLog, CellRow
 from jupyter_gpu.memory_growth import grew_every_run
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 DEFAULT_SHOWN = 10
 SLOWEST_FLAGGED = 3

@@ -9,8 +9,8 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.gpucells.result import CellLog, CellRow
-from jupyter_gpu.render_kit import COLOUR, NUMBER_CELL_STYLE, code_html, table_text
-from jupyter_gpu.units import format_bytes, format_growth, format_seconds
+from jupyter_gpu.rendering.kit import COLOUR, NUMBER_CELL_STYLE, code_html, table_text
+from jupyter_gpu.rendering.units import format_bytes, format_growth, format_seconds
 
 HEADINGS = ("In [n]", "cell", "wall", "GPU time", "GPU busy", "peak allocated", "left behind", "flags")
 NUMERIC = ("wall", "GPU time", "GPU busy", "peak allocated", "left behind")

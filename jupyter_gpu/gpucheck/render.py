@@ -8,7 +8,7 @@ from html import escape
 from jupyter_gpu.gpucheck.diagnose.stack import GpuLine, LastCell, Stack
 from jupyter_gpu.gpucheck.report import GpuCheckReport
 from jupyter_gpu.gpucheck.surface import TERMINAL, for_terminal
-from jupyter_gpu.render_kit import (
+from jupyter_gpu.rendering.kit import (
     COLOUR,
     SIMULATED_HTML,
     SIMULATED_TEXT,
@@ -18,7 +18,7 @@ from jupyter_gpu.render_kit import (
     rows_html,
     rows_text,
 )
-from jupyter_gpu.units import format_bytes, format_duration
+from jupyter_gpu.rendering.units import format_bytes, format_duration
 
 SEP = " · "
 

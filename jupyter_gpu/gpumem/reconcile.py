@@ -8,7 +8,7 @@ process holds outside PyTorch's allocator.
 from __future__ import annotations
 
 from jupyter_gpu.gpumem.result import DeviceTotals, Remainder
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 MIB = 1024 * 1024
 # Below this a remainder is rounding (a 512-byte allocation granule per tensor, a CUDA-side 0-dim step counter),

@@ -24,8 +24,8 @@ from jupyter_gpu.gpumem.result import (
     MemoryMap,
     StillHeld,
 )
-from jupyter_gpu.render_kit import COLOUR, NUMBER_CELL_STYLE, table_text
-from jupyter_gpu.units import format_bytes, format_count, format_growth, format_seconds
+from jupyter_gpu.rendering.kit import COLOUR, NUMBER_CELL_STYLE, table_text
+from jupyter_gpu.rendering.units import format_bytes, format_count, format_growth, format_seconds
 
 ENTRY_HEADINGS = ("name", "what", "device", "dtype", "shape", "size", "also held by")
 LEVEL_HEADINGS = ("device", "allocated before", "allocated after", "change")

@@ -16,8 +16,8 @@ from jupyter_gpu.gpumem.result import DeviceTotals, MemoryMap, Release
 from jupyter_gpu.gpumem.roots import notebook_roots
 from jupyter_gpu.gpumem.walk import Limits, NotebookWalk
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch
+from jupyter_gpu.rendering.units import format_bytes
 from jupyter_gpu.running_shell import running_shell
-from jupyter_gpu.units import format_bytes
 
 NO_TORCH = "torch is not imported in this kernel: no tensors to explain"
 NO_CUDA = ("CUDA is not initialised in this kernel, so there is no GPU memory to explain (and %gpumem does not "

@@ -36,7 +36,7 @@ from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
 from jupyter_gpu.probekit.kernel_trace import analyse, with_cpu_wait
 from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how, value_at
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 TOP_OPERATORS = 10
 # The measured ceiling takes a tenth of the profiled steps' time, within these bounds: on a loop of 1 ms steps the

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jupyter_gpu.gpuprofile.result import OtherLine, typical
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 # Traced steps after the profiled ones. Each line's figure is their interquartile mean, as the typical step's is: on a
 # loaded 2-core machine one of three traced steps once woke from clipping's 1 ms sleep 4.7 ms late.

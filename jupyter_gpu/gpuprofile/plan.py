@@ -24,8 +24,8 @@ from jupyter_gpu.gpuprofile.result import (
     ReadyStep,
     how_often,
 )
+from jupyter_gpu.rendering.units import format_seconds
 from jupyter_gpu.speedprobe.catalog import CodeContext, adopt_lines
-from jupyter_gpu.units import format_seconds
 
 DATA_SHARE = 0.05
 COPY_SHARE = 0.02

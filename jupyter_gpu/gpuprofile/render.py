@@ -27,8 +27,8 @@ from jupyter_gpu.gpuprofile.result import (
     RunFigures,
     how_often,
 )
-from jupyter_gpu.render_kit import code_block_html, code_html, rows_html, rows_text, table_html, table_text
-from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
+from jupyter_gpu.rendering.kit import code_block_html, code_html, rows_html, rows_text, table_html, table_text
+from jupyter_gpu.rendering.units import format_bytes, format_count, format_rate, format_seconds
 
 BAR_WIDTH = 50
 # One colour per bucket, the same in every bar: the eye follows "data" across steps.

@@ -8,7 +8,7 @@ from jupyter_gpu.gputime.ops import DEVICE_TO_HOST, HOST_TO_DEVICE
 from jupyter_gpu.gputime.result import GpuBusy, OpCounts
 from jupyter_gpu.gputime.stats import TimingStats
 from jupyter_gpu.models import Finding, order_findings
-from jupyter_gpu.units import format_bytes, format_count, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_count, format_seconds
 
 # A cell that spends more than half its first run copying or waiting is copy-bound, not compute-bound.
 COPY_BOUND_FRACTION = 0.5

@@ -7,7 +7,7 @@ from html import escape
 from typing import Any
 
 from jupyter_gpu.gputime.result import GpuTimeResult
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 COLUMNS = ("", "median", "min", "IQR", "n", "GPU median", "speed-up")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_gpu.gputime.result import GpuTimeResult
-from jupyter_gpu.render_kit import (
+from jupyter_gpu.rendering.kit import (
     COLOUR,
     SIMULATED_HTML,
     SIMULATED_TEXT,
@@ -13,7 +13,7 @@ from jupyter_gpu.render_kit import (
     rows_html,
     rows_text,
 )
-from jupyter_gpu.units import format_bytes, format_count, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_count, format_seconds
 
 
 def summary_rows(result: GpuTimeResult) -> list[tuple[str, str]]:

@@ -135,7 +135,7 @@ class GpuTimeResult(RichResult):
         return bool(self.context.get("simulated"))
 
     def summary(self) -> str:
-        from jupyter_gpu.units import format_seconds
+        from jupyter_gpu.rendering.units import format_seconds
 
         what = "median" if self.repeated else "wall"
         return f"{self.label}: {format_seconds(self.median)} {what}, n={self.n}"

@@ -20,7 +20,7 @@ from jupyter_gpu.gputime.stats import summarize
 from jupyter_gpu.kernel_torch import cuda_initialized, loaded_torch, torch_uuid
 from jupyter_gpu.metrics.hub import Lease
 from jupyter_gpu.probekit.clock import CudaMemoryWatch, DeviceClock
-from jupyter_gpu.units import format_seconds
+from jupyter_gpu.rendering.units import format_seconds
 
 DEFAULT_REPEAT = 7       # as `%timeit`
 PROGRESS_AFTER_SECONDS = 2.0  # quicker timings finish before a progress line would help

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from jupyter_gpu.metrics.sample import POWER_THROTTLES, THERMAL_THROTTLES, DeviceSample, Sample
-from jupyter_gpu.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
 MEMORY_FULL_FRACTION = 0.90
 IDLE_UTILIZATION = 10.0  # percent

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpu.metrics.sample import Sample
+from jupyter_gpu.rendering.units import format_bytes, format_duration
 from jupyter_gpu.server.kernels import KernelInfo
-from jupyter_gpu.units import format_bytes, format_duration
 
 
 # What the probe layer (`server.processes`) tells about a pid; attribution only reads it.

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from html import escape
 
-from jupyter_gpu.render_kit import COLOUR, code_block_html, rows_html, rows_text, table_text
+from jupyter_gpu.rendering.kit import COLOUR, code_block_html, rows_html, rows_text, table_text
+from jupyter_gpu.rendering.units import format_bytes, format_count, format_rate, format_seconds
 from jupyter_gpu.speedprobe.decide import LOSS_DRIFT_LIMIT, helped
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
-from jupyter_gpu.units import format_bytes, format_count, format_rate, format_seconds
 
 AGREES_MARK, WRONG_MARK = "✓", "✗"
 FASTER_BUT_WRONG = "faster but wrong"

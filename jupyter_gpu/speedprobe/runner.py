@@ -26,6 +26,7 @@ from jupyter_gpu.probekit.schedules import restarted_note, restarting_schedules
 from jupyter_gpu.probekit.step_failure import argument_mismatch, first_line
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, find_training_objects
+from jupyter_gpu.rendering.units import format_seconds
 from jupyter_gpu.speedprobe import decide, variants
 from jupyter_gpu.speedprobe.catalog import BY_NAME, FP32, OPTION_NAMES, CodeContext, OptimizerCode, loosest_format
 from jupyter_gpu.speedprobe.flags import GlobalFlags, conv_tf32_line
@@ -41,7 +42,6 @@ from jupyter_gpu.speedprobe.measure import (
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult
 from jupyter_gpu.speedprobe.step_code import forward_code
 from jupyter_gpu.speedprobe.variants import StepSetting, why_not
-from jupyter_gpu.units import format_seconds
 
 DEFAULT_STEPS = 20
 # Two baseline runs from the same state whose first updates differ by more than this are not the same

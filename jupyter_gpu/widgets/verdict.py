@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from jupyter_gpu.gpucheck.report import CheckBrief
-from jupyter_gpu.render_kit import COLOUR, code_block_html
+from jupyter_gpu.rendering.kit import COLOUR, code_block_html
 
 
 def gpucheck_verdict_html() -> str:

@@ -9,8 +9,8 @@ from html import escape
 
 from jupyter_gpu.metrics.alerts import Alert, KernelView, kernel_memory
 from jupyter_gpu.metrics.sample import DeviceSample
-from jupyter_gpu.render_kit import COLOUR
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.kit import COLOUR
+from jupyter_gpu.rendering.units import format_bytes
 
 SPARK_WIDTH = 160
 SPARK_HEIGHT = 24

@@ -1,5 +1,5 @@
 /**
- * Text for numbers, the way the Python side writes them (`jupyter_gpu.units`), so a value in a column
+ * Text for numbers, the way the Python side writes them (`jupyter_gpu.rendering.units`), so a value in a column
  * reads exactly like the same value inside a server-made summary ("20.5 GiB", "3 h").
  *
  * Pure: no DOM, no JupyterLab import (compiled and tested under plain Node).

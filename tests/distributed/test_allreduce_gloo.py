@@ -16,7 +16,7 @@ from processes import child_pids
 from jupyter_gpu.distributed.allreduce import AllReduceError, _blame_order, run_allreduce
 from jupyter_gpu.distributed.collective import KIB, MIB
 from jupyter_gpu.distributed.links import nvlink_peak
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 SIZES = [4 * KIB, 256 * KIB, 4 * MIB]
 

@@ -22,7 +22,7 @@ from jupyter_gpu.gpumem.result import (
     Remainder,
     StillHeld,
 )
-from jupyter_gpu.render_kit import COLOUR
+from jupyter_gpu.rendering.kit import COLOUR
 
 MIB = 1 << 20
 GIB = 1 << 30

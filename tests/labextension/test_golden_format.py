@@ -1,5 +1,5 @@
 """The golden byte and duration text, which the TypeScript tests check formatBytes/formatDuration against, is
-what jupyter_gpu.units writes now."""
+what jupyter_gpu.rendering.units writes now."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from golden_format import GOLDEN, build_golden, render
 
-from jupyter_gpu.units import format_bytes, format_duration
+from jupyter_gpu.rendering.units import format_bytes, format_duration
 
 
 def test_the_committed_golden_is_what_the_python_formatters_write() -> None:
-    # On a deliberate change of units.py: python tests/fixtures/golden_format.py --write (the TS tests follow).
+    # On a deliberate change of rendering/units.py: python tests/fixtures/golden_format.py --write (the TS tests
+    # follow).
     committed = GOLDEN.read_text()
     assert json.loads(committed) == build_golden(), "regenerate: python tests/fixtures/golden_format.py --write"
     assert committed == render(build_golden()), "regenerate: python tests/fixtures/golden_format.py --write"

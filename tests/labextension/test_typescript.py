@@ -27,6 +27,6 @@ def test_the_typescript_model_tests_pass_on_the_golden_reply() -> None:
     assert passed and int(passed.group(1)) >= 10, output[-2000:]
     assert failed and int(failed.group(1)) == 0, output[-2000:]
     # The golden format.json is checked in TypeScript too (labextension/tests/format-golden.test.ts).
-    for name in ("formatBytes writes exactly what jupyter_gpu.units.format_bytes writes",
-                 "formatDuration writes exactly what jupyter_gpu.units.format_duration writes"):
+    for name in ("formatBytes writes exactly what jupyter_gpu.rendering.units.format_bytes writes",
+                 "formatDuration writes exactly what jupyter_gpu.rendering.units.format_duration writes"):
         assert re.search(rf"^ok \d+ - {re.escape(name)}", output, re.MULTILINE), f"{name!r} did not run"

@@ -22,7 +22,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_gpu.batchprobe.budget import TensorBudget
 from jupyter_gpu.batchprobe.result import BatchProbeResult
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 MiB = 2**20
 

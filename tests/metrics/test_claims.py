@@ -10,7 +10,7 @@ import pytest
 
 from jupyter_gpu.metrics.backends.claims import CLAIMS_ENV, claim_memory, release_memory
 from jupyter_gpu.metrics.backends.simulated import SimulatedBackend
-from jupyter_gpu.units import parse_bytes
+from jupyter_gpu.rendering.units import parse_bytes
 
 
 def test_a_claim_adds_the_process_and_its_memory_to_the_simulated_gpu(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from jupyter_gpu.render_kit import COLOUR
+from jupyter_gpu.rendering.kit import COLOUR
 from jupyter_gpu.speedprobe import decide
 from jupyter_gpu.speedprobe.render import render_html, render_text
 from jupyter_gpu.speedprobe.result import Agreement, LaunchProfile, OptionTrial, SpeedProbeResult

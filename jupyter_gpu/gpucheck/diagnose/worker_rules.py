@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from jupyter_gpu.models import LAYER_USAGE, Finding
-from jupyter_gpu.units import format_bytes
+from jupyter_gpu.rendering.units import format_bytes
 
 GIB = 1 << 30
 SHM_MIN_BYTES = 512 * 1024 * 1024  # DeepSpeed's threshold: below it, any worker setup is at risk

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from jupyter_gpu.metrics.sample import DeviceSample, GpuProcess
-from jupyter_gpu.units import parse_bytes
+from jupyter_gpu.rendering.units import parse_bytes
 
 CLAIMS_ENV = "JUPYTER_GPU_SIMULATED_CLAIMS"
 
