@@ -330,3 +330,13 @@ def test_shared_rooms_and_top_level_modules_import_no_feature_room() -> None:
     upward = {name: sorted(t for t in targets if room(t) in features) for name, targets in graph().items()
               if (room(name) in SHARED_ROOMS or room(name) is None) and name not in surfaces}
     assert {name: found for name, found in upward.items() if found} == {}
+
+
+def test_the_top_level_holds_at_most_ten_modules_and_the_shared_vocabulary_lives_in_named_packages() -> None:
+    # Issue 54: 16 flat modules hid the shared vocabulary among the entry points. The rest went into packages named
+    # for what they hold: rendering/ (units, kit), torch_errors/ (oom, mismatch), snapshot/ (paths, schedulers).
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 10, top
+    assert {"cli", "options", "models", "version"} <= set(top)
+    for package in ("rendering", "torch_errors", "snapshot"):
+        assert package in SHARED_ROOMS and (PACKAGE / package / "__init__.py").is_file()
