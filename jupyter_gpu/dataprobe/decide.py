@@ -128,6 +128,17 @@ def stop_adding_workers(measured: Sequence[tuple[int, float, float | None]], cei
     return None
 
 
+def more_in_flight_did_not_pay(measured: Sequence[tuple[int, float, float | None]]) -> bool:
+    """Whether the last doubling of the workers bought under PAYS_OFF_ABOVE: it doubled the batches in flight (each
+    worker holds prefetch_factor of them) and the loading done at once. A deeper prefetch queue adds batches in
+    flight without more loading at once, so it cannot buy what doubling the workers did not; and workers restarted
+    every epoch (persistent_workers=False) only add their start-up. Neither variant is worth a trial then."""
+    if len(measured) < 2:
+        return False
+    (previous_count, previous, _), (count, rate, _) = measured[-2], measured[-1]
+    return previous_count > 0 and count > previous_count and rate < previous * (1 + PAYS_OFF_ABOVE)
+
+
 def of_mode(trials: Iterable[Trial], mode: str) -> list[Trial]:
     """The trials timed one way (the loader alone, or the loop): their rates compare only with each other."""
     return [trial for trial in trials if trial.mode == mode]

@@ -364,7 +364,7 @@ class _Probe:
                     self.skipped.append(f"{counts} worker{plural}: {reason}")
                 self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * (len(first) - index - 1))
                 break
-        self._second_stage(ceiling)
+        self._second_stage(ceiling, plateau=decide.more_in_flight_did_not_pay(measured))
         leaders = decide.leaders(self._mode_trials())
         if self.elapsed > SKIP_RECHECK_AFTER * self.request.seconds:
             self.notes.append("The two best settings were not measured again: the time budget ran out "
@@ -390,9 +390,10 @@ class _Probe:
         check = self._trial(choice[0], VERIFY, self.mode, VERIFY_WINDOWS, "checking the recommendation")
         self.verified = check.samples_per_second
 
-    def _second_stage(self, ceiling: float | None) -> None:
-        """Variants around the best worker counts; when the loader already keeps up only pinning is left to try
-        (on a GPU it shortens the step's own copies, which the wait does not show)."""
+    def _second_stage(self, ceiling: float | None, plateau: bool = False) -> None:
+        """Variants around the best worker counts; when the loader already keeps up, or doubling the workers
+        stopped paying off (`plateau`: a deeper queue or restarted workers cannot do better), only pinning is left
+        to try (on a GPU it shortens the step's own copies, which the wait does not show)."""
         if self.elapsed > SKIP_SECOND_STAGE_AFTER * self.request.seconds:
             self.skipped.append("deeper prefetch, non-persistent workers and pinning: the time budget was mostly "
                                 "spent (raise --seconds)")
@@ -408,6 +409,11 @@ class _Probe:
         if decide.at_ceiling(rate, ceiling) or (best.num_workers and decide.keeps_up(wait)):
             self.skipped.append("deeper prefetch and non-persistent workers: the loader already keeps up with the "
                                 "step")
+            second = [variant for variant in second if variant.pin_memory != best.pin_memory]
+        elif plateau and best.num_workers:
+            self.skipped.append("deeper prefetch and non-persistent workers: doubling the workers (twice the batches "
+                                "in flight) bought under 5%, so a deeper queue cannot, and restarting workers every "
+                                "epoch only adds their start-up")
             second = [variant for variant in second if variant.pin_memory != best.pin_memory]
         # A variant of the user's setting can be a setting the first stage already measured (its persistent one):
         # measured again, it showed as a second row with the same label and other numbers, and took the budget.

@@ -186,3 +186,16 @@ def test_the_worker_sweep_stops_when_doubling_the_workers_stops_paying_off() -> 
         "4 workers were not 5% faster than 2 (more workers stopped paying off)")
     assert decide.stop_adding_workers(plateau[:3], ceiling=396.0) is None  # 1 -> 2 workers nearly doubled it
     assert decide.stop_adding_workers([(0, 300.0, 0.2), (1, 290.0, 0.2)], ceiling=400.0) is None  # 0 -> 1 excepted
+
+
+def test_a_deeper_queue_is_not_tried_once_doubling_the_workers_stopped_paying_off() -> None:
+    # Issue 54's cost goal: at load/compute ratios up to 2, the deeper-prefetch and restarted-worker variants were
+    # two of ours' nine or ten trials, and never the exhaustive sweep's pick by more than its noise. Doubling the
+    # workers doubles the batches in flight and the loading done at once; when that bought under 5%, a deeper
+    # queue (more batches in flight, no more loading at once) cannot.
+    from jupyter_gpu.dataprobe.decide import more_in_flight_did_not_pay
+
+    assert more_in_flight_did_not_pay([(0, 100.0, 0.5), (1, 300.0, 0.1), (2, 310.0, 0.08)])
+    assert not more_in_flight_did_not_pay([(0, 100.0, 0.5), (1, 300.0, 0.1), (2, 420.0, 0.05)])  # it paid
+    assert not more_in_flight_did_not_pay([(0, 100.0, 0.5), (1, 102.0, 0.5)])  # 0 -> 1 moves the loading only
+    assert not more_in_flight_did_not_pay([(2, 300.0, 0.1)])
