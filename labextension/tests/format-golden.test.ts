@@ -1,4 +1,4 @@
-// formatBytes and formatDuration against the text the Python formatters write (jupyter_gpu.units), read from
+// formatBytes and formatDuration against the text the Python formatters write (jupyter_gpu.rendering.units), read from
 // tests/fixtures/golden/format.json at the repo root. That file is made by tests/fixtures/golden_format.py and
 // checked against units.py by tests/labextension/test_golden_format.py: no expected text is copied here.
 import assert from 'node:assert/strict';
@@ -38,13 +38,13 @@ function rendered(cases: Case[], format: (value: number | null) => string): Case
   return cases.map(c => ({ input: c.input, text: format(c.input) }));
 }
 
-test('formatBytes writes exactly what jupyter_gpu.units.format_bytes writes, for every golden case', () => {
+test('formatBytes writes exactly what jupyter_gpu.rendering.units.format_bytes writes, for every golden case', () => {
   const cases = golden().bytes;
   assert.ok(cases.some(c => c.input === null), 'a missing reading is among the cases');
   assert.deepEqual(rendered(cases, formatBytes), cases);
 });
 
-test('formatDuration writes exactly what jupyter_gpu.units.format_duration writes, for every golden case', () => {
+test('formatDuration writes exactly what jupyter_gpu.rendering.units.format_duration writes, for every golden case', () => {
   const cases = golden().duration;
   assert.ok(cases.some(c => c.input === null), 'a missing reading is among the cases');
   assert.deepEqual(rendered(cases, formatDuration), cases);

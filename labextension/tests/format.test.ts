@@ -1,4 +1,4 @@
-// Formatting helpers: the same text as jupyter_gpu.units. formatBytes and formatDuration are checked against
+// Formatting helpers: the same text as jupyter_gpu.rendering.units. formatBytes and formatDuration are checked against
 // the Python functions' golden text in format-golden.test.ts; the other helpers here.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
