@@ -1,4 +1,4 @@
-"""Text and HTML renderings of a `GpuCheckReport`, built with the shared `render_kit`."""
+"""Text and HTML renderings of a `GpuCheckReport`, built with the shared kit (`rendering/kit.py`)."""
 
 from __future__ import annotations
 
