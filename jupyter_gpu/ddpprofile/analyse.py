@@ -59,6 +59,7 @@ class RankSummary:
     gather: float = 0.0          # FSDP: mean all-gather seconds per step (the union of its all-gathers)
     kind: str = "all_reduce"     # how the gradients travel: DDP's "all_reduce", FSDP's "reduce_scatter"
     loader_workers: int | None = None  # the most num_workers of the DataLoaders the rank made (None: it made none)
+    computes: tuple[float, ...] = ()   # each profiled step less the communication it waited for
     batches_per_epoch: int | None = None  # the first DataLoader's length on this rank
 
     @property
@@ -128,7 +129,7 @@ def summarise_rank(record: dict[str, Any]) -> RankSummary:
                        if g["step"] == first + k and g.get("done") is not None]) for k in range(len(steps))]
     settings = (comm.get("settings") or [{}])[0]
     gradient = (comm.get("parameters") or [{}])[0].get("bytes")
-    workers = comm.get("loader_workers") or []
+    workers = [loader.get("num_workers", 0) for loader in comm.get("loaders") or []]
     batches = next((loader.get("batches") for loader in comm.get("loaders") or [] if loader.get("batches")), None)
     return RankSummary(rank=record["rank"], host=record.get("host", ""), steps=len(steps), step=_mean(steps),
                        buckets=buckets, comm=_mean([c.total for c in per_step]),
@@ -138,19 +139,15 @@ def summarise_rank(record: dict[str, Any]) -> RankSummary:
                        backwards_per_step=_mean([c.backwards for c in per_step]), settings=settings,
                        gradient_bytes=gradient, loader_workers=max(workers) if workers else None,
                        batches_per_epoch=batches, gather=_mean(gathers),
-                       kind="reduce_scatter" if kinds == {"reduce_scatter"} else "all_reduce")
+                       kind="reduce_scatter" if kinds == {"reduce_scatter"} else "all_reduce",
+                       computes=tuple(step - c.exposed for step, c in zip(steps, per_step, strict=False)))
 
 
-def straggler(records: list[dict[str, Any]], ranks: list[RankSummary]) -> Straggler | None:
+def straggler(ranks: list[RankSummary]) -> Straggler | None:
     """The rank whose compute the others waited for, step by step, and the bucket that made it slow."""
     if len(ranks) < 2:
         return None
-    computes: dict[int, list[float]] = {}
-    for record in records:
-        comm = record.get("comm", {})
-        first = len(record["profile"].get("warmup_seconds", []))
-        computes[record["rank"]] = [step - step_comm(comm, first + k).exposed
-                                    for k, step in enumerate(record["profile"]["step_seconds"])]
+    computes = {r.rank: r.computes for r in ranks}
     steps = min(len(values) for values in computes.values())
     if steps == 0:
         return None

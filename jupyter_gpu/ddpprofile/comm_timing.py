@@ -82,8 +82,7 @@ class CommRecords:
     # A fingerprint of the first batches the DDP was called on: equal on every rank means every rank trained on the
     # same samples (no DistributedSampler).
     input_hashes: list[str] = field(default_factory=list)
-    loader_workers: list[int] = field(default_factory=list)  # num_workers of each DataLoader the script made
-    loaders: list[dict[str, Any]] = field(default_factory=list)  # each one's sampler and dataset size
+    loaders: list[dict[str, Any]] = field(default_factory=list)  # each DataLoader's workers, sampler, dataset size
     batch_norms: int = 0       # BatchNorm layers in the DDP's module, not SyncBatchNorm
     sync_batch_norms: int = 0
 
@@ -140,7 +139,6 @@ class CommTimer:
 
         def loader_init(loader: Any, *args: Any, **kwargs: Any) -> None:
             original_loader_init(loader, *args, **kwargs)
-            timer.records.loader_workers.append(int(getattr(loader, "num_workers", 0) or 0))
             timer.records.loaders.append(_loader_facts(loader))
 
         DDP.forward = forward
@@ -283,7 +281,7 @@ def _loader_facts(loader: Any) -> dict[str, Any]:
     except Exception:  # an IterableDataset without a length
         batches = None
     return {"sampler": type(sampler).__name__, "shards": shards, "dataset_size": size,
-            "iterable": size is None, "batches": batches}
+            "iterable": size is None, "batches": batches, "num_workers": int(getattr(loader, "num_workers", 0) or 0)}
 
 
 def _fingerprint(torch: Any, args: Any, kwargs: Any) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import signal
 import sys
@@ -48,9 +49,8 @@ class RankRun:
     interrupted: bool = False
 
 
-def torchrun_command(argv: Sequence[str]) -> list[str]:
-    """`torchrun [OPTIONS] SCRIPT [ARGS]` (or `python -m torch.distributed.run ...`) with the rank module put before
-    the script."""
+def parse_torchrun(argv: Sequence[str]) -> tuple[int, Any]:
+    """Where torchrun's own options start in `argv`, and those options as torch's own torchrun parser reads them."""
     argv = list(argv)
     at = launcher_end(argv)
     if at is None:
@@ -60,9 +60,24 @@ def torchrun_command(argv: Sequence[str]) -> list[str]:
 
     options = argv[at:]
     try:
-        parsed = get_args_parser().parse_args(options)
+        return at, get_args_parser().parse_args(options)
     except SystemExit:
         raise LaunchError(f"torchrun cannot read these options: {' '.join(options)}") from None
+
+
+def torchrun_world(parsed: Any) -> int | None:
+    """nproc-per-node x nodes where both are plain numbers (else the ranks' own records say)."""
+    nodes = str(parsed.nnodes).split(":")[-1]
+    per_node = str(parsed.nproc_per_node)
+    return int(nodes) * int(per_node) if nodes.isdigit() and per_node.isdigit() else None
+
+
+def torchrun_command(argv: Sequence[str]) -> list[str]:
+    """`torchrun [OPTIONS] SCRIPT [ARGS]` (or `python -m torch.distributed.run ...`) with the rank module put before
+    the script."""
+    argv = list(argv)
+    at, parsed = parse_torchrun(argv)
+    options = argv[at:]
     if parsed.no_python:
         raise LaunchError("--no-python runs a program that is not Python; the profile needs the Python script.")
     script_at = len(options) - len(parsed.training_script_args) - 1
@@ -103,11 +118,12 @@ def local_commands(script: str, args: Sequence[str], processes: int, python: str
     return commands
 
 
-def profile_env(out: Path, steps: int, warmup: int, cpu_threads: int | None) -> dict[str, str]:
-    """What every rank reads: where to write, how many steps; one OpenMP thread per rank on the CPU unless set."""
+def profile_env(out: Path, steps: int, warmup: int) -> dict[str, str]:
+    """What every rank reads: where to write, how many steps; one OpenMP thread per rank unless set (as torchrun
+    does with several processes a node: ranks sharing a node's cores)."""
     env = {OUT_ENV: str(out), STEPS_ENV: str(steps), WARMUP_ENV: str(warmup)}
-    if cpu_threads is not None and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(cpu_threads)
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -116,8 +132,6 @@ def run(commands: list[tuple[list[str], dict[str, str]]], out: Path, world: int,
         stream_output: Callable[[str], None] | None = None) -> RankRun:
     """Start the commands, watch the ranks' status files, and read every rank's result. Ctrl-C (KeyboardInterrupt)
     stops every process and comes back as `interrupted`."""
-    import queue
-
     began = time.monotonic()
     children = Children(LaunchError)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -239,8 +253,6 @@ def _kill_ranks(out: Path) -> None:
 
 
 def _drain(lines: Any, stream_output: Callable[[str], None] | None) -> None:
-    import queue
-
     while True:
         try:
             line = lines.get_nowait()

@@ -68,8 +68,19 @@ def _same_samples(records: list[dict[str, Any]], ranks: list[RankSummary], cores
              "sampler.set_epoch(epoch)  # at the start of every epoch, so each epoch shuffles differently"])
 
 
+def quarter_bucket_mb(gradient_bytes: int) -> float:
+    """The bucket cap that splits the gradients in about four (MiB, two significant digits): the first bucket is
+    all-reduced under the rest of the backward. One rule for the finding's fix and --apply's."""
+    return float(f"{gradient_bytes / 4 / 2**20:.2g}")
+
+
+def _ddp_logs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rank's first DDP's own logging data (`_get_ddp_logging_data()`), {} where it had none."""
+    return [(r.get("comm", {}).get("ddp_logging") or [{}])[0] for r in records]
+
+
 def _unused_search(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> Finding | None:
-    logs = [(r.get("comm", {}).get("ddp_logging") or [{}])[0] for r in records]
+    logs = _ddp_logs(records)
     if not logs or not all(log.get("find_unused_parameters") == 1 for log in logs):
         return None
     if any(log.get("unused_parameter_size", 0) for log in logs):
@@ -85,7 +96,7 @@ def _unused_search(records: list[dict[str, Any]], ranks: list[RankSummary], core
 def _static_graph(records: list[dict[str, Any]], ranks: list[RankSummary], cores: int | None) -> Finding | None:
     """find_unused_parameters=True with parameters unused: DDP searches the graph after every forward for them.
     Where the same ones go unused every iteration (a frozen or skipped branch), static_graph=True finds them once."""
-    logs = [(r.get("comm", {}).get("ddp_logging") or [{}])[0] for r in records]
+    logs = _ddp_logs(records)
     if not logs or not all(log.get("find_unused_parameters") == 1 for log in logs):
         return None
     unused = max(log.get("unused_parameter_size", 0) for log in logs)
@@ -148,7 +159,8 @@ def _workers_over_cores(records: list[dict[str, Any]], ranks: list[RankSummary],
         return None
     by_host: dict[str, int] = {}
     for record in records:
-        workers = max(record.get("comm", {}).get("loader_workers") or [0])
+        workers = max((loader.get("num_workers", 0) for loader in record.get("comm", {}).get("loaders") or []),
+                      default=0)
         by_host[record.get("host", "")] = by_host.get(record.get("host", ""), 0) + 1 + workers
     host, processes = max(by_host.items(), key=lambda item: item[1])
     if processes <= cores:
@@ -187,14 +199,14 @@ def _one_bucket(records: list[dict[str, Any]], ranks: list[RankSummary], cores: 
     # that an all-reduce's time is its bytes, not its latency (a few KiB in four buckets is four latencies).
     if rank.gradient_bytes < SPLIT_WORTH_BYTES or rank.buckets.get(BACKWARD, 0.0) < 0.25 * slowest_exposed:
         return None
-    cap = f"{rank.gradient_bytes / 4 / 2**20:.2g}"
+    cap = quarter_bucket_mb(rank.gradient_bytes)
     return Finding(
         code="DDP_ONE_BUCKET", severity="info",
         headline=(f"All {format_bytes(rank.gradient_bytes)} of gradients go in one bucket, so its all-reduce can "
                   f"start only when the backward ends: {format_seconds(slowest_exposed)} a step exposed"),
         evidence={"gradient bytes": format_bytes(rank.gradient_bytes),
                   "bucket_cap_mb": rank.settings.get("bucket_cap_mb")},
-        fix=[f"model = DDP(model, bucket_cap_mb={cap})  # about four buckets, the first all-reduced under the "
+        fix=[f"model = DDP(model, bucket_cap_mb={cap:g})  # about four buckets, the first all-reduced under the "
              "backward"])
 
 

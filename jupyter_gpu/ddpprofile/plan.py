@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jupyter_gpu.ddpprofile.analyse import RankSummary, bucket_title
-from jupyter_gpu.ddpprofile.mistakes import SPLIT_WORTH_BYTES
+from jupyter_gpu.ddpprofile.mistakes import SPLIT_WORTH_BYTES, quarter_bucket_mb
 from jupyter_gpu.gpuprofile.result import DATA
 from jupyter_gpu.rendering.units import format_bytes, format_seconds
 
@@ -103,7 +103,7 @@ def mechanical_fixes(profile: DistributedProfile) -> dict[str, object]:
     if "DDP_MANY_SMALL_BUCKETS" in codes:
         fixes["bucket_cap_mb"] = 25.0
     if "DDP_ONE_BUCKET" in codes and profile.ranks and profile.ranks[0].gradient_bytes:
-        fixes["bucket_cap_mb"] = float(f"{profile.ranks[0].gradient_bytes / 4 / 2**20:.2g}")
+        fixes["bucket_cap_mb"] = quarter_bucket_mb(profile.ranks[0].gradient_bytes)
     if "DDP_ACCUMULATION_WITHOUT_NO_SYNC" in codes and profile.ranks:
         fixes["no_sync_every"] = round(profile.ranks[0].backwards_per_step)
     if "DDP_SAME_SAMPLES_ON_EVERY_RANK" in codes:

@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
             return runpy.run_path(script, run_name="__main__")
 
         result = profile_training(run_script, steps=steps, warmup=warmup, namespace={})
-        record["profile"] = _profile_record(result)
+        record["profile"] = result.to_dict()  # ProfileResult's own JSON form: what the report's JSON holds too
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         record["error"] = f"SystemExit: {exit_.code}" if code else None
@@ -86,9 +86,8 @@ def main(argv: list[str]) -> int:
         for undo in undo_fixes:
             undo()
     record["comm"] = _comm_record(timer)
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        record["backend"] = str(dist.get_backend())
+    if _group_up(torch):
+        record["backend"] = str(torch.distributed.get_backend())
     record["clocks"] = _clocks(torch) if code == 0 else None
     status.stop()
     _write(out / f"rank-{rank}.json", record)
@@ -96,17 +95,6 @@ def main(argv: list[str]) -> int:
         _gather(torch, record, out)
     _leave(torch)
     return code
-
-
-def _profile_record(result: Any) -> dict[str, Any]:
-    return {"device": result.device, "device_name": result.device_name, "counted": result.counted,
-            "step_seconds": result.step_seconds, "step_buckets": result.step_buckets,
-            "warmup_seconds": result.warmup_seconds, "breakdown": [b.to_dict() for b in result.breakdown],
-            "batch_size": result.batch_size, "batches_per_step": result.batches_per_step,
-            "losses": result.losses, "error": result.error, "interrupted": result.interrupted,
-            "notes": result.notes, "syncs": [{"file": s.file, "line": s.line, "source": s.source,
-                                              "per_step": s.per_step} for s in result.syncs],
-            "overhead_seconds": result.overhead_seconds}
 
 
 def _comm_record(timer: Any) -> dict[str, Any]:
@@ -119,7 +107,7 @@ def _comm_record(timer: Any) -> dict[str, Any]:
             "backwards": [{"step": b.step, "start": b.start, "end": b.end} for b in records.backwards],
             "step_ends": records.step_ends, "settings": records.settings, "parameters": records.parameters,
             "ddp_logging": records.logging, "input_hashes": records.input_hashes,
-            "loader_workers": records.loader_workers, "loaders": records.loaders, "batch_norms": records.batch_norms,
+            "loaders": records.loaders, "batch_norms": records.batch_norms,
             "sync_batch_norms": records.sync_batch_norms,
             # perf_counter and the wall clock read together: the launcher puts every rank's stamps on rank 0's clock
             "clock_pair": _clock_pair()}
@@ -133,9 +121,9 @@ def _clock_pair() -> dict[str, float]:
 
 def _clocks(torch: Any) -> list[dict[str, Any]] | None:
     """This rank's clock against rank 0's, over the script's process group while it is still up."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _group_up(torch):
         return None
+    dist = torch.distributed
     from jupyter_gpu.ddpprofile.clocks import measure_offsets
 
     try:
@@ -149,9 +137,9 @@ def _clocks(torch: Any) -> list[dict[str, Any]] | None:
 def _gather(torch: Any, record: dict[str, Any], out: Path) -> None:
     """Every rank's record to rank 0, which writes them all (`all-ranks.json`): ranks on other nodes write their
     files on their own machines, and the report is made where rank 0 runs."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
+    if not _group_up(torch):
         return
+    dist = torch.distributed
     try:
         gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
         dist.gather_object(json.loads(json.dumps(record, default=str)), gathered if dist.get_rank() == 0 else None,
@@ -163,10 +151,15 @@ def _gather(torch: Any, record: dict[str, Any], out: Path) -> None:
 
 
 def _leave(torch: Any) -> None:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
+    if _group_up(torch):
         with contextlib.suppress(Exception):  # the script may have left it half torn down
-            dist.destroy_process_group()
+            torch.distributed.destroy_process_group()
+
+
+def _group_up(torch: Any) -> bool:
+    """Whether the script's default process group is still up (a script stopped mid-loop leaves it so)."""
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def _host() -> str:

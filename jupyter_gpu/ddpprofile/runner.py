@@ -31,10 +31,10 @@ def profile_torchrun(argv: Sequence[str], *, steps: int = DEFAULT_STEPS, warmup:
     """`torchrun [OPTIONS] SCRIPT [ARGS]`, profiled in every rank (and with one process per node, for scaling; and
     again with the mechanical fixes, for --apply)."""
     command = launch.torchrun_command(argv)
-    world = _torchrun_world(argv)
+    world = launch.torchrun_world(launch.parse_torchrun(argv)[1])
 
     def commands(argv_: list[str], extra: dict[str, str]) -> Builder:
-        return lambda out: [(argv_, {**os.environ, **launch.profile_env(out, steps, warmup, 1), **extra})]
+        return lambda out: [(argv_, {**os.environ, **launch.profile_env(out, steps, warmup), **extra})]
 
     def once(argv_: list[str], world_: int | None, extra: dict[str, str]) -> DistributedProfile:
         return _profile(commands(argv_, extra), " ".join(argv), world_, steps, warmup, hang_seconds, progress,
@@ -57,7 +57,7 @@ def profile_script(script: str, args: Sequence[str] = (), *, processes: int = 2,
 
     def once(count: int, extra: dict[str, str]) -> DistributedProfile:
         def build(out: Path) -> list[tuple[list[str], dict[str, str]]]:
-            base = {**os.environ, **launch.profile_env(out, steps, warmup, 1), **extra}
+            base = {**os.environ, **launch.profile_env(out, steps, warmup), **extra}
             return launch.local_commands(script, list(args), count, base_env=base)
 
         return _profile(build, name, count, steps, warmup, hang_seconds, progress, output)
@@ -107,7 +107,7 @@ def build(records: list[dict[str, Any]], command: str, world: int | None, steps:
     elif not any(r.get("comm", {}).get("settings") for r in usable):
         profile.notes.append("Neither DistributedDataParallel nor FSDP's collectives were called: the "
                              "communication columns are empty.")
-    profile.straggler = straggler(usable, ranks)
+    profile.straggler = straggler(ranks)
     offsets = _offsets(usable[0].get("clocks"))
     if offsets:
         profile.clocks = [{"rank": o.rank, "offset_s": o.offset_s, "bound_s": o.bound_s, "host": o.host}
@@ -195,20 +195,6 @@ def _with_fixes(profile: DistributedProfile,
 
 def _mean_step(profile: DistributedProfile) -> float:
     return sum(r.step for r in profile.ranks) / len(profile.ranks)
-
-
-def _torchrun_world(argv: Sequence[str]) -> int | None:
-    """nproc-per-node x nodes where both are plain numbers (else the ranks' own records say)."""
-    from torch.distributed.run import get_args_parser
-
-    at = launch.launcher_end(list(argv))
-    try:
-        parsed = get_args_parser().parse_args(list(argv)[at or 1:])
-    except SystemExit:
-        return None
-    nodes = str(parsed.nnodes).split(":")[-1]
-    per_node = str(parsed.nproc_per_node)
-    return int(nodes) * int(per_node) if nodes.isdigit() and per_node.isdigit() else None
 
 
 def _one_per_node(argv: list[str]) -> list[str]:

@@ -77,12 +77,12 @@ def test_a_straggler_is_named_by_its_lead_and_bucket_and_ranks_that_keep_pace_na
     fast = rank_record(0, data=0.010, backward=0.02, exposed=0.032)  # waits for rank 1 in the all-reduce
     slow = rank_record(1, data=0.040, backward=0.02, exposed=0.002)
     ranks = [summarise_rank(fast), summarise_rank(slow)]
-    late = straggler([fast, slow], ranks)
+    late = straggler(ranks)
     assert late is not None and late.rank == 1 and late.bucket == "data"
     assert late.lead == pytest.approx(0.030) and late.slowest_steps == late.steps == 4
     even = [rank_record(0, data=0.010, backward=0.02, exposed=0.002),
             rank_record(1, data=0.0105, backward=0.02, exposed=0.0015)]
-    assert straggler(even, [summarise_rank(r) for r in even]) is None  # 0.5 ms of a 33 ms step: noise
+    assert straggler([summarise_rank(r) for r in even]) is None  # 0.5 ms of a 33 ms step: noise
 
 
 def test_the_scaling_loss_is_split_into_parts_that_add_up_and_read_as_the_articles_table() -> None:
@@ -139,7 +139,8 @@ def test_find_unused_parameters_with_none_unused_is_found_only_then() -> None:
 def test_ranks_and_their_workers_beyond_the_cores_are_found_with_a_count_that_fits() -> None:
     records = [rank_record(r, data=0.01, backward=0.02, exposed=0.002) for r in (0, 1)]
     for record in records:
-        record["comm"]["loader_workers"] = [8]
+        record["comm"]["loaders"] = [{"sampler": "DistributedSampler", "shards": True, "dataset_size": 1000,
+                                      "iterable": False, "batches": 8, "num_workers": 8}]
     found = {f.code: f for f in find_mistakes(records, [summarise_rank(r) for r in records], cores=8)}
     finding = found["DDP_WORKERS_OVER_CORES"]
     assert finding.evidence == {"ranks on the host": 2, "processes": 18, "cores": 8}
