@@ -9,7 +9,8 @@ Two ways in, one watch:
   written to a file, or `--scaling`'s one-process run of a script).
 
 The watch: every rank rewrites a status file twice a second (its step, the collective it is in, since when). When no
-rank's step has moved for `hang_seconds`, the run is a hang: the ranks in a collective are named with it and how long
+rank's step has moved for `hang_seconds` and a rank has waited that long in one collective, the run is a hang: the
+ranks in a collective are named with it and how long
 they have waited, the others with where they were last, and every process is killed.
 """
 
@@ -182,9 +183,17 @@ def _watch(children: Children, out: Path, world: int, hang_seconds: float, progr
             last_steps, moved = steps, time.monotonic()
             if progress is not None and statuses:
                 progress(f"step {min(steps)} on {len(statuses)} of {world} ranks")
-        elif time.monotonic() - moved > hang_seconds:
+        elif time.monotonic() - moved > hang_seconds and _waiting_in_a_collective(statuses, hang_seconds):
             return hang_message(statuses, world, hang_seconds)
         time.sleep(POLL_SECONDS)
+
+
+def _waiting_in_a_collective(statuses: list[dict[str, Any]], seconds: float) -> bool:
+    """Whether some rank has waited in one collective for `seconds`: a hang is ranks waiting for a peer. Ranks that
+    make no step and wait in none are starting (importing torch, their first batch, compiling) or computing a long
+    step: nobody is stuck on anybody (a clean clone's CI once called three ranks' start-up under load a hang)."""
+    now = time.time()
+    return any(s.get("collective") and now - s.get("since", now) >= seconds for s in statuses)
 
 
 def hang_message(statuses: list[dict[str, Any]], world: int, hang_seconds: float) -> str:

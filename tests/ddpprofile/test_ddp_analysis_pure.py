@@ -184,3 +184,20 @@ def test_bucket_sizes_far_from_the_gradients_are_found_both_ways() -> None:
     assert "DDP_ONE_BUCKET" in found and "bucket_cap_mb=16" in found["DDP_ONE_BUCKET"].fix[0]
     small, summaries = ranks_with(1, 32 << 10, exposed=0.030, backward=0.040)  # a latency: splitting cannot help
     assert not {"DDP_ONE_BUCKET", "DDP_MANY_SMALL_BUCKETS"} & {f.code for f in find_mistakes(small, summaries, 64)}
+
+
+def test_a_hang_is_ranks_waiting_in_a_collective_not_ranks_still_starting() -> None:
+    # A clean clone's CI called three ranks' start-up a hang: 6 s at step 0, nobody in a collective. Nobody waited
+    # on anybody; a rank waiting 6 s in an all-reduce for a peer is a hang.
+    import time
+
+    from jupyter_gpu.ddpprofile.launch import _waiting_in_a_collective
+
+    now = time.time()
+    starting = [{"rank": 0, "step": 0, "collective": None, "since": now - 30, "at": now},
+                {"rank": 1, "step": 0, "collective": None, "since": now - 30, "at": now}]
+    assert not _waiting_in_a_collective(starting, 6.0)
+    waiting = [{**starting[0], "collective": "all_reduce (DDP bucket 0, 35.0 KiB)", "since": now - 7}, starting[1]]
+    assert _waiting_in_a_collective(waiting, 6.0)
+    just_entered = [{**starting[0], "collective": "all_reduce (DDP bucket 0, 35.0 KiB)", "since": now - 1}]
+    assert not _waiting_in_a_collective(just_entered, 6.0)
