@@ -33,6 +33,14 @@ KEEPS_UP_BELOW = 0.05
 # Doubling the workers must buy more than this to be worth measuring the next count (0 -> 1 excepted: a first
 # worker moves the loading off the loop, which can pay off only once the count after it is measured too).
 PAYS_OFF_ABOVE = 0.05
+# W workers load at most W times what the kernel's own process loads alone (each runs the same fetch and collate,
+# then hands the batch over). The margin covers a noisy baseline, and a page cache warmer than the first pass found it:
+# a count is left out only when even this much more could not reach a rate already measured.
+WORKER_BOUND_MARGIN = 1.5
+# Batch load times that vary less than this (standard deviation over mean, at num_workers=0): the workers finish
+# their batches in turn, the default queue (prefetch_factor=2) is never drained by one slow batch, and a deeper one
+# has nothing to absorb.
+STEADY_LOADS_BELOW = 0.10
 
 
 def verdict(wait_fraction: float) -> str:
@@ -137,6 +145,41 @@ def more_in_flight_did_not_pay(measured: Sequence[tuple[int, float, float | None
         return False
     (previous_count, previous, _), (count, rate, _) = measured[-2], measured[-1]
     return previous_count > 0 and count > previous_count and rate < previous * (1 + PAYS_OFF_ABOVE)
+
+
+def workers_called_for(counts: Sequence[int], loader_rate: float | None, ceiling: float | None) -> int | None:
+    """The fewest of `counts` (above 0) whose workers could load as fast as the step runs, from the loader alone in
+    one process (`loader_rate`, samples/s) and the step alone (`ceiling`); the most there is when none could; None
+    without both figures."""
+    above = sorted(count for count in counts if count > 0)
+    if not above or not loader_rate or not ceiling:
+        return None
+    return next((count for count in above if count * loader_rate >= ceiling), above[-1])
+
+
+def cannot_reach(count: int, loader_rate: float, rate: float) -> bool:
+    """Whether `count` workers could not load `rate` samples/s, however well they ran: at most `count` times one
+    process's `loader_rate`, with WORKER_BOUND_MARGIN to spare."""
+    return count * loader_rate * WORKER_BOUND_MARGIN < rate
+
+
+def deeper_queue_can_pay(load_variation: float | None) -> bool:
+    """Whether a deeper prefetch queue could beat the default: only when batches take uneven times to load (a slow
+    one holds its worker while the others fill the queue); unknown variation (the user's loader had workers) counts
+    as uneven."""
+    return load_variation is None or load_variation >= STEADY_LOADS_BELOW
+
+
+def restarts_show(epochs: int) -> bool:
+    """Whether workers restarted at each epoch's end could cost anything a trial times: only when an epoch ended
+    within the trial (a longer epoch pays the start-up once per epoch, which no window includes)."""
+    return epochs > 1
+
+
+def fell_behind(verified: float | None, rival: float | None) -> bool:
+    """Whether the recommendation, measured again on a fresh loader, fell under WITHIN_BEST of the rate another
+    setting showed in the sweep: the sweep's windows flattered it, and the other is measured again before choosing."""
+    return verified is not None and rival is not None and verified < WITHIN_BEST * rival
 
 
 def of_mode(trials: Iterable[Trial], mode: str) -> list[Trial]:

@@ -14,6 +14,7 @@ whole stream is told apart from one that splits it; the hashing time is taken ou
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ class TrialRunner:
         waited_total = timed_total = 0.0
         idle_total = gpu_total = 0.0
         timed = 0
+        loads: list[float] | None = [] if settings.num_workers == 0 else None
         first_seconds: float | None = None
         memory = None
         error: str | None = None
@@ -153,7 +155,8 @@ class TrialRunner:
             first_seconds = time.perf_counter() - start
             self._drain(batches, settings, window_seconds, loop)
             for _ in range(windows):
-                samples, count, elapsed, waited, idle, gpu = self._window(batches, settings, window_seconds, loop)
+                samples, count, elapsed, waited, idle, gpu = self._window(batches, settings, window_seconds, loop,
+                                                                          loads)
                 rates.append(samples / elapsed)
                 timed += count
                 waited_total += waited
@@ -174,7 +177,8 @@ class TrialRunner:
                      wait_fraction=waited_total / timed_total if loop and timed_total else None,
                      gpu_idle_fraction=idle_total / gpu_total if gpu_total else None, worker_memory=memory,
                      batches=timed, seconds=time.perf_counter() - began, timed_seconds=timed_total,
-                     error=error, repeats=self._judge(settings, batches.fingerprints))
+                     error=error, repeats=self._judge(settings, batches.fingerprints), epochs=batches.epochs,
+                     load_variation=_variation(loads))
 
     def _judge(self, settings: LoaderSettings, fingerprints: list[repeats.Fingerprint] | None) -> float | None:
         """How many times each batch came against num_workers=0; at 0 workers the batches extend the reference."""
@@ -199,9 +203,10 @@ class TrialRunner:
                 self._target.run(batch)
             del batch
 
-    def _window(self, batches: _Batches, settings: LoaderSettings, seconds: float,
-                loop: bool) -> tuple[int, int, float, float, float | None, float | None]:
-        """(samples, batches, seconds, seconds blocked in next(), GPU idle seconds, GPU seconds) of one window."""
+    def _window(self, batches: _Batches, settings: LoaderSettings, seconds: float, loop: bool,
+                loads: list[float] | None = None) -> tuple[int, int, float, float, float | None, float | None]:
+        """(samples, batches, seconds, seconds blocked in next(), GPU idle seconds, GPU seconds) of one window;
+        each batch's seconds in next() go on `loads` when given."""
         target = self._target
         events: list[tuple[Any, Any]] = []
         cuda = loop and target is not None and target.cuda
@@ -218,9 +223,11 @@ class TrialRunner:
         hashing = batches.fingerprint_seconds
         start = time.perf_counter()
         while True:
-            before = time.perf_counter()
+            before, hashed = time.perf_counter(), batches.fingerprint_seconds
             batch, held = batches.next()
             waited += time.perf_counter() - before
+            if loads is not None:
+                loads.append(time.perf_counter() - before - (batches.fingerprint_seconds - hashed))
             samples += held
             count += 1
             if loop and target is not None:
@@ -291,6 +298,14 @@ def _gpu_idle(events: list[tuple[Any, Any]]) -> tuple[float | None, float | None
     idle = sum(max(0.0, done.elapsed_time(ready)) for (_, done), (ready, _) in itertools.pairwise(events))
     span = events[0][0].elapsed_time(events[-1][1])
     return idle / 1000.0, span / 1000.0
+
+
+def _variation(values: list[float] | None) -> float | None:
+    """Standard deviation over mean of `values` (three at least), None where there are fewer or they are 0."""
+    if values is None or len(values) < 3:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -239,7 +239,13 @@ def _of_best_line(result: DataProbeResult) -> str:
     text = f"{result.predicted / result.best:.0%} of the best the sweep saw ({format_rate(result.best)} samples/s"
     best = _best_settings(result)
     if best is not None and best != result.recommended_settings:
-        text += f", {best.label()}; the cheaper setting was chosen, it is within {decide.CHEAPER_WITHIN:.0%}"
+        checked = next((trial for trial in result.trials if trial.stage == VERIFY and trial.settings == best
+                        and trial.samples_per_second is not None), None)
+        if checked is not None:  # the check fell behind, and the runner-up was measured again
+            text += (f", {best.label()}, which measured {format_rate(checked.samples_per_second)} when checked: the "
+                     "setting measured better when checked was chosen")
+        else:
+            text += f", {best.label()}; the cheaper setting was chosen, it is within {decide.CHEAPER_WITHIN:.0%}"
     return text + ")"
 
 

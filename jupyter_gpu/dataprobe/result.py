@@ -49,6 +49,10 @@ class Trial:
     # IterableDataset with workers: how many times each batch came against num_workers=0 (2.0: two workers each
     # yielded the whole stream; 1.0: they split it); None where not checked or nothing tells.
     repeats: float | None = None
+    epochs: int = 1                         # epochs begun: above 1, an epoch ended within the trial
+    # At num_workers=0 (one process loads each batch in turn): how much the batches' load times vary, their
+    # standard deviation over their mean; None with workers, where next() times the queue, not the loading.
+    load_variation: float | None = None
 
     @property
     def samples_per_second(self) -> float | None:

@@ -1,5 +1,5 @@
-"""Run `%dataprobe`: pitfalls first, then the three measurements, the sweep, the re-measurement of the two best,
-the recommendation and its check, all within the time budget and with the user's state put back.
+"""Run `%dataprobe`: pitfalls first, then the three measurements, the sweep, the recommendation and its check (and
+the runner-up's, when the check falls behind it), all within the time budget and with the user's state put back.
 
 Order matters for safety: one batch is loaded in the kernel's own process (num_workers=0) before any worker
 starts, so the pitfalls can be judged on its real size, and a setting whose workers cannot start (a notebook
@@ -47,12 +47,12 @@ from jupyter_gpu.probekit.step_failure import argument_mismatch, first_parameter
 from jupyter_gpu.probekit.step_output import warning_notes
 from jupyter_gpu.probekit.ticker import Ticker
 from jupyter_gpu.probekit.training_state import StateSnapshot, TrainingObjects, find_training_objects
-from jupyter_gpu.rendering.units import format_bytes, format_seconds
+from jupyter_gpu.rendering.units import format_bytes, format_rate, format_seconds
 
 DEFAULT_SECONDS = 60.0
 BASELINE_WINDOWS = 3
 SWEEP_WINDOWS = 2
-RECHECK_WINDOWS = 2  # with the sweep's 2: four windows for each of the two best
+# The check of the recommendation, and of the runner-up when the check falls behind it.
 VERIFY_WINDOWS = 3
 MIN_WINDOW_SECONDS = 0.05
 MAX_WINDOW_SECONDS = 2.0
@@ -321,7 +321,7 @@ class _Probe:
             current = LoaderSettings(0, pin_memory=self.current.pin_memory)
         self.baseline_settings = current
         self.windows_left = (BASELINE_WINDOWS * (3 if self.target else 1) + SWEEP_WINDOWS * (len(first) + 2)
-                             + RECHECK_WINDOWS * 2 + VERIFY_WINDOWS)
+                             + VERIFY_WINDOWS)
         return sample, first
 
     def _step_and_loop(self, batch: Any, samples: int) -> None:
@@ -343,57 +343,137 @@ class _Probe:
 
     def _sweep(self, first: list[LoaderSettings]) -> None:
         ceiling = self.step_alone.samples_per_second if self.step_alone is not None else None
-        measured: list[tuple[int, float, float | None]] = []
-        for index, settings in enumerate(first):
-            trial = self._current_trial() if settings == self.baseline_settings else None
-            if trial is None:
-                trial = self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
-            if trial is not None and trial.duplicates:
-                reason = f"{settings.num_workers} workers yielded every batch {trial.repeats:.1f} times: {DUPLICATES}"
-            else:
-                if trial is not None and trial.samples_per_second is not None:
-                    measured.append((settings.num_workers, trial.samples_per_second, trial.wait_fraction))
-                reason = decide.stop_adding_workers(measured, ceiling)
-            if reason is not None and index + 1 < len(first):
-                # Your own setting was measured already (at your settings): it is not among those not tried (by
-                # what the report calls it: a sweep setting may differ from yours in what it does not show).
-                untried = [later for later in first[index + 1:] if later.label() != self.baseline_settings.label()]
-                if untried:
-                    counts = ", ".join(str(later.num_workers) for later in untried)
-                    plural = "s" if len(untried) > 1 or untried[0].num_workers != 1 else ""
-                    self.skipped.append(f"{counts} worker{plural}: {reason}")
-                self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * (len(first) - index - 1))
-                break
+        measured = self._sweep_workers(first, ceiling)
         self._second_stage(ceiling, plateau=decide.more_in_flight_did_not_pay(measured))
-        leaders = decide.leaders(self._mode_trials())
-        if self.elapsed > SKIP_RECHECK_AFTER * self.request.seconds:
-            self.notes.append("The two best settings were not measured again: the time budget ran out "
-                              "(raise --seconds); the recommendation rests on the sweep alone.")
-        else:
-            for settings in leaders:
-                self._maybe_trial(settings, RECHECK, RECHECK_WINDOWS)
         self._note_cpu_step()
-        rechecked = [trial for trial in self._mode_trials() if trial.settings in leaders]
-        choice = decide.recommend(rechecked)
-        ranked = decide.ranking(self._mode_trials())
+        self._recommend_and_check()
+
+    def _sweep_workers(self, first: list[LoaderSettings],
+                       ceiling: float | None) -> list[tuple[int, float, float | None]]:
+        """The worker counts: from the count the loading calls for (the fewest whose workers could load as fast as
+        the step runs), down while a smaller count could still reach the best rate measured, then up while doubling
+        pays off. Without the loader-alone rate of one process (the user's loader has workers, an IterableDataset,
+        no step) the sweep starts at the fewest. (count, samples/s, wait) of each count measured, fewest first."""
+        by_count = {settings.num_workers: settings for settings in first}
+        counts = sorted(by_count)
+        one_process = self._one_process_rate()
+        called_for = decide.workers_called_for(counts, one_process, ceiling) if one_process else None
+        start = counts.index(called_for) if called_for is not None else 0
+        results: dict[int, tuple[float, float | None]] = {}
+        tried: set[int] = set()
+        for index in range(start, -1, -1):
+            count = counts[index]
+            best = max((rate for rate, _ in results.values()), default=None)
+            if index < start and count > 0 and one_process and best is not None \
+                    and decide.cannot_reach(count, one_process, best):
+                self._skip_counts([settings for settings in first[:index + 1] if settings.num_workers > 0],
+                                  self._beyond_reach(count, one_process, best, results))
+                break
+            tried.add(count)
+            self._measure_count(by_count[count], results)
+        while True:
+            measured = [(count, rate, wait) for count, (rate, wait) in sorted(results.items())]
+            higher = [settings for settings in first if settings.num_workers > max(tried)]
+            if not higher:
+                return measured
+            reason = decide.stop_adding_workers(measured, ceiling)
+            if reason is not None:
+                self._skip_counts(higher, reason)
+                return measured
+            tried.add(higher[0].num_workers)
+            duplicated = self._measure_count(higher[0], results)
+            if duplicated is not None:
+                self._skip_counts(higher[1:], duplicated)
+                return [(count, rate, wait) for count, (rate, wait) in sorted(results.items())]
+
+    def _measure_count(self, settings: LoaderSettings, results: dict[int, tuple[float, float | None]]) -> str | None:
+        """One worker count in the loop (the user's own setting is its baseline trial): its rate and wait go in
+        `results`; why the sweep must stop when its workers each yielded the whole stream."""
+        trial = self._current_trial() if settings == self.baseline_settings else None
+        if trial is None:
+            trial = self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
+        if trial is None:
+            return None
+        if trial.duplicates:
+            return f"{settings.num_workers} workers yielded every batch {trial.repeats:.1f} times: {DUPLICATES}"
+        if trial.samples_per_second is not None:
+            results[settings.num_workers] = (trial.samples_per_second, trial.wait_fraction)
+        return None
+
+    def _skip_counts(self, untried: list[LoaderSettings], reason: str) -> None:
+        """Name the counts the sweep leaves out, and give their windows back to the budget. Your own setting was
+        measured already (at your settings): it is not among those not tried (by what the report calls it: a sweep
+        setting may differ from yours in what it does not show)."""
+        self.windows_left = max(0, self.windows_left - SWEEP_WINDOWS * len(untried))
+        untried = [later for later in untried if later.label() != self.baseline_settings.label()]
+        if not untried:
+            return
+        counts = ", ".join(str(later.num_workers) for later in untried)
+        plural = "s" if len(untried) > 1 or untried[0].num_workers != 1 else ""
+        self.skipped.append(f"{counts} worker{plural}: {reason}")
+
+    def _one_process_rate(self) -> float | None:
+        """samples/s of the loader alone in the kernel's own process (the user's loader has no workers): what each
+        worker can load at most. None where it is not known, or for an IterableDataset (workers that do not split
+        the stream deliver more than they load)."""
+        alone = self.loader_alone
+        if self.target is None or self.recipe.iterable or alone is None or alone.settings.num_workers != 0:
+            return None
+        return alone.samples_per_second
+
+    @staticmethod
+    def _beyond_reach(count: int, one_process: float, best: float,
+                      results: dict[int, tuple[float, float | None]]) -> str:
+        leader = max(results, key=lambda each: results[each][0])
+        return (f"each worker loads at most what one process loads alone ({format_rate(one_process)} samples/s): "
+                f"{count} worker{'s' if count != 1 else ''}, with half again to spare, "
+                f"{format_rate(count * one_process * decide.WORKER_BOUND_MARGIN)} samples/s, under the "
+                f"{format_rate(best)} that {leader} worker{'s' if leader != 1 else ''} measured in the loop")
+
+    def _recommend_and_check(self) -> None:
+        """The recommendation from the sweep, then its check on a fresh loader: the verified throughput. When the
+        check falls under 90% of what another setting showed in the sweep, that one is measured again too, and the
+        better of the two checks is recommended."""
+        swept = [trial for trial in self._mode_trials() if trial.stage != VERIFY]
+        choice = decide.recommend(swept)
+        ranked = decide.ranking(swept)
         if choice is None or not ranked:
             self.notes.append("No setting could be measured: nothing to recommend.")
             return
         self.recommendation = (choice[0], choice[1], ranked[0][1])
-        if choice[1] < decide.WITHIN_BEST * ranked[0][1]:
-            # The two leaders fell when measured again, below a setting measured only in the sweep.
-            self.notes.append(f"{ranked[0][0].label()} measured {ranked[0][1]:,.0f} samples/s in the sweep but was not "
-                              "measured again; the recommendation is the best of the settings measured twice.")
         if self.elapsed > SKIP_VERIFY_AFTER * self.request.seconds:
             self.notes.append("The recommendation was not checked by running it again: the time budget ran out.")
             return
         check = self._trial(choice[0], VERIFY, self.mode, VERIFY_WINDOWS, "checking the recommendation")
         self.verified = check.samples_per_second
+        rival = next(((settings, rate) for settings, rate in ranked if settings != choice[0]), None)
+        if rival is None or not decide.fell_behind(self.verified, rival[1]):
+            return
+        said = (f"{choice[0].label()} measured {format_rate(self.verified or 0)} samples/s when checked, under 90% of "
+                f"the {format_rate(rival[1])} samples/s {rival[0].label()} showed in the sweep")
+        if self.elapsed > SKIP_RECHECK_AFTER * self.request.seconds:
+            self.notes.append(f"{said}; {rival[0].label()} was not measured again: the time budget ran out.")
+            return
+        again = self._maybe_trial(rival[0], RECHECK, VERIFY_WINDOWS)
+        if again is None or again.samples_per_second is None:
+            return
+        if again.samples_per_second <= (self.verified or 0):
+            self.notes.append(f"{said}; measured again, {rival[0].label()} gave "
+                              f"{format_rate(again.samples_per_second)}: the recommendation stands.")
+            return
+        self.notes.append(f"{said}; measured again, {rival[0].label()} gave {format_rate(again.samples_per_second)}: "
+                          "it is recommended instead.")
+        swept = [trial for trial in self._mode_trials() if trial.stage != VERIFY]
+        pooled = dict(decide.ranking(swept))
+        self.recommendation = (rival[0], pooled[rival[0]], max(pooled.values()))
+        self.verified = again.samples_per_second
 
     def _second_stage(self, ceiling: float | None, plateau: bool = False) -> None:
-        """Variants around the best worker counts; when the loader already keeps up, or doubling the workers
-        stopped paying off (`plateau`: a deeper queue or restarted workers cannot do better), only pinning is left
-        to try (on a GPU it shortens the step's own copies, which the wait does not show)."""
+        """Variants around the best worker count: a deeper prefetch queue, workers restarted every epoch, and on a
+        GPU pinning toggled, each only where it could show. When the loader already keeps up only pinning is left
+        (on a GPU it shortens the step's own copies, which the wait does not show); a deeper queue is left out when
+        doubling the workers stopped paying off (`plateau`) or every batch loads in about the same time; restarted
+        workers when no epoch ended within a trial."""
         if self.elapsed > SKIP_SECOND_STAGE_AFTER * self.request.seconds:
             self.skipped.append("deeper prefetch, non-persistent workers and pinning: the time budget was mostly "
                                 "spent (raise --seconds)")
@@ -410,11 +490,25 @@ class _Probe:
             self.skipped.append("deeper prefetch and non-persistent workers: the loader already keeps up with the "
                                 "step")
             second = [variant for variant in second if variant.pin_memory != best.pin_memory]
-        elif plateau and best.num_workers:
-            self.skipped.append("deeper prefetch and non-persistent workers: doubling the workers (twice the batches "
-                                "in flight) bought under 5%, so a deeper queue cannot, and restarting workers every "
-                                "epoch only adds their start-up")
-            second = [variant for variant in second if variant.pin_memory != best.pin_memory]
+        elif best.num_workers:
+            deeper = [variant for variant in second if variant.prefetch_factor != best.prefetch_factor]
+            restarted = [variant for variant in second if variant.persistent_workers != best.persistent_workers]
+            variation = self._load_variation()
+            if deeper and plateau:
+                self.skipped.append("deeper prefetch: doubling the workers (twice the batches in flight) bought under "
+                                    "5%, so a deeper queue cannot")
+                second = [variant for variant in second if variant not in deeper]
+            elif deeper and not decide.deeper_queue_can_pay(variation):
+                self.skipped.append(f"deeper prefetch: in one process every batch loaded in about the same time "
+                                    f"(they vary {variation:.1%}), so the workers finish in turn and the default "
+                                    "queue never runs dry for one slow batch")
+                second = [variant for variant in second if variant not in deeper]
+            epochs = max((trial.epochs for trial in self._mode_trials() if trial.settings == best), default=1)
+            if restarted and not decide.restarts_show(epochs):
+                self.skipped.append(f"{'non-persistent' if best.persistent_workers else 'persistent'} workers: no "
+                                    "epoch ended within a trial, so workers restarted at an epoch's end cannot show "
+                                    "here (they cost their start-up once an epoch: persistent_workers=True saves it)")
+                second = [variant for variant in second if variant not in restarted]
         # A variant of the user's setting can be a setting the first stage already measured (its persistent one):
         # measured again, it showed as a second row with the same label and other numbers, and took the budget.
         measured = {trial.settings for trial in self._mode_trials()}
@@ -422,6 +516,12 @@ class _Probe:
         self.windows_left += SWEEP_WINDOWS * len(second)
         for settings in second:
             self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
+
+    def _load_variation(self) -> float | None:
+        """How much the batches' load times varied in one process (the baselines at num_workers=0), or None."""
+        found = [trial.load_variation for trial in (self.loader_alone, self.together)
+                 if trial is not None and trial.load_variation is not None]
+        return max(found) if found else None
 
     def _current_trial(self) -> Trial | None:
         """The baseline trial of the user's setting in the sweep's mode: it is that setting's sweep measurement."""

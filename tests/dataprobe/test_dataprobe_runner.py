@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import random
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from jupyter_gpu.dataprobe.result import CURRENT, LOOP, RECHECK, SWEEP, VERIFY
 from jupyter_gpu.dataprobe.runner import DataProbeError, DataProbeRequest, probe_loader, run_dataprobe
+from jupyter_gpu.dataprobe.settings import LoaderSettings
 
 STEP_SECONDS = 0.02
 
@@ -87,21 +89,92 @@ def test_an_input_bound_loader_gets_more_workers_and_the_gain_is_checked():
     assert result.predicted >= 0.9 * result.best  # within 10% of the best the sweep saw
     assert result.verified == pytest.approx(result.predicted, rel=0.25)
     stages = [trial.stage for trial in result.trials]
-    assert stages[:2] == [CURRENT, CURRENT] and stages[-1] == VERIFY
-    assert stages.count(RECHECK) == 2  # the two best measured again
+    # The recommendation is checked last, on a fresh loader; the runner-up is measured again only when that check
+    # fell under 90% of what it showed in the sweep, and a note then says so.
+    assert stages[:2] == [CURRENT, CURRENT] and VERIFY in stages
+    assert stages.count(RECHECK) == 0 or any("measured again" in note for note in result.notes), result.notes
     swept = [trial for trial in result.trials if trial.stage in (SWEEP, RECHECK)]
     assert all(len(trial.rates) >= 2 for trial in swept)  # every setting measured more than once
-    assert {trial.settings.num_workers for trial in result.trials} == {0, 1, 2}
-    # Deeper prefetch and non-persistent workers are swept unless the probe says why not: two workers keep up with
-    # this step by design, and when their measured wait is under the "keeps up" line the engine leaves the variants
-    # out (it did in 1 of 11 clean-clone runs). Either way the result says what it tried.
+    # 1 worker loads at most half the step's speed, under what 2 measured: left out, and said why.
+    counts = {trial.settings.num_workers for trial in result.trials}
+    assert counts in ({0, 1, 2}, {0, 2}), counts
+    if 1 not in counts:
+        assert any(skip.startswith("1 worker: each worker loads at most what one process loads alone")
+                   for skip in result.skipped), result.skipped
+    # Deeper prefetch and non-persistent workers are swept unless the probe says why not (two workers keep up with
+    # this step by design; batches that all take one sleep to load; no epoch ends within a trial).
     prefetch = {trial.settings.prefetch_factor for trial in swept if trial.settings.num_workers}
     persistent = {trial.settings.persistent_workers for trial in swept if trial.settings.num_workers}
-    if not (prefetch >= {2, 4} and persistent == {True, False}):
-        assert any(skip.startswith("deeper prefetch") for skip in result.skipped), (prefetch, persistent,
-                                                                                    result.skipped)
+    if 4 not in prefetch:
+        assert any(skip.startswith("deeper prefetch") for skip in result.skipped), result.skipped
+    if False not in persistent:
+        assert any(skip.startswith(("deeper prefetch and non-persistent", "non-persistent workers"))
+                   for skip in result.skipped), result.skipped
     assert all(trial.mode == LOOP for trial in result.trials[1:])
     assert not any(trial.settings.pin_memory for trial in result.trials)  # pinning is for a GPU step
+
+
+@pytest.mark.timing
+def test_a_steady_loader_five_steps_to_load_is_swept_only_where_a_setting_could_win():
+    # One process loads a batch in five steps' time, every batch alike, a long epoch: 1 and 2 workers cannot reach
+    # what 8 measure, a deeper queue has no slow batch to absorb, and no epoch ends within a trial. What is left:
+    # the two baselines, 8 and 4 workers, and the check (the old engine ran 11 trials here: bench_dataprobe.py).
+    loader = loader_for_ratio(5.0, step_seconds=STEP_SECONDS)
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2, 4, 8), seconds=20.0)
+    assert result.recommended_settings == LoaderSettings(8, 2, persistent_workers=True), result.recommended_settings
+    assert result.predicted >= 0.9 * result.best and result.speedup > 3.0
+    counts = [trial.settings.num_workers for trial in result.trials]
+    assert 1 not in counts and 2 not in counts, counts
+    assert len(result.trials) <= 5, [trial.settings.label() for trial in result.trials]
+    assert any(skip.startswith("1, 2 workers: each worker loads at most what one process loads alone")
+               for skip in result.skipped), result.skipped
+    assert any(skip.startswith("deeper prefetch: in one process every batch loaded in about the same time")
+               for skip in result.skipped), result.skipped
+    assert any(skip.startswith("non-persistent workers: no epoch ended within a trial")
+               for skip in result.skipped), result.skipped
+
+
+class SlowerWhenStartedAgain(SleepyDataset):
+    """Sleepy items; with four workers, from their second start on, workers 2 and 3 load ten times slower (another
+    job took their cores between the sweep and the check). Each worker counts its own starts in `starts`."""
+
+    def __init__(self, length: int, item_seconds: float, starts: Path) -> None:
+        super().__init__(length, item_seconds)
+        self.starts = starts
+        self.slow = 1.0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(self.item_seconds * self.slow)
+        return torch.zeros(self.shape), index % 10
+
+
+def _two_of_four_slow_down_when_started_again(worker_id: int) -> None:
+    info = torch.utils.data.get_worker_info()
+    if info.num_workers != 4:
+        return
+    with open(info.dataset.starts, "a") as file:
+        file.write(f"{worker_id}\n")
+    starts = info.dataset.starts.read_text().split().count(str(worker_id))
+    if starts >= 2 and worker_id >= 2:
+        info.dataset.slow = 10.0
+
+
+@pytest.mark.timing
+def test_a_recommendation_that_falls_behind_when_checked_gives_way_to_the_runner_up_measured_again(tmp_path):
+    # Three steps to load a batch: 4 workers keep up in the sweep, 2 reach two thirds of that. When the check starts
+    # 4 workers again, two of them crawl: 4 falls under 90% of what 2 showed, so 2 is measured again and wins.
+    dataset = SlowerWhenStartedAgain(4096, 3 * STEP_SECONDS / 8, tmp_path / "starts")
+    loader = DataLoader(dataset, batch_size=8, worker_init_fn=_two_of_four_slow_down_when_started_again)
+    result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 2, 4), seconds=20.0)
+    stages = [(trial.stage, trial.settings.num_workers) for trial in result.trials]
+    assert (VERIFY, 4) in stages and (RECHECK, 2) in stages, stages
+    assert result.recommended_settings.num_workers == 2, stages
+    recheck = next(trial for trial in result.trials if trial.stage == RECHECK)
+    assert result.verified == recheck.samples_per_second
+    assert any("it is recommended instead" in note and "4 workers" in note for note in result.notes), result.notes
+    report = str(result)
+    assert "recommended  2 workers" in report
+    assert "which measured" in report and "the setting measured better when checked was chosen" in report
 
 
 @pytest.mark.timing

@@ -199,3 +199,40 @@ def test_a_deeper_queue_is_not_tried_once_doubling_the_workers_stopped_paying_of
     assert not more_in_flight_did_not_pay([(0, 100.0, 0.5), (1, 300.0, 0.1), (2, 420.0, 0.05)])  # it paid
     assert not more_in_flight_did_not_pay([(0, 100.0, 0.5), (1, 102.0, 0.5)])  # 0 -> 1 moves the loading only
     assert not more_in_flight_did_not_pay([(2, 300.0, 0.1)])
+
+
+# -- what the sweep may leave out (issue 54: the loader probe's cost) ---------------------------------------------
+
+def test_the_sweep_starts_at_the_fewest_workers_that_could_load_as_fast_as_the_step():
+    # One process loads 80 samples/s, the step runs 400: 5 workers are called for, so 8 of 0, 1, 2, 4, 8.
+    assert decide.workers_called_for([0, 1, 2, 4, 8], 80.0, 400.0) == 8
+    assert decide.workers_called_for([0, 1, 2, 4, 8], 200.0, 400.0) == 2  # exactly twice: two workers could
+    assert decide.workers_called_for([0, 1, 2], 10.0, 400.0) == 2  # none could: the most there is
+    assert decide.workers_called_for([0, 1, 2], None, 400.0) is None  # not known: the sweep starts at the fewest
+    assert decide.workers_called_for([0], 80.0, 400.0) is None
+
+
+def test_a_count_is_left_out_only_when_even_half_again_its_bound_is_under_a_measured_rate():
+    # 2 workers x 77 samples/s x 1.5 = 231: under 342, out; 4 workers' 462 is not.
+    assert decide.cannot_reach(2, 77.0, 342.0)
+    assert not decide.cannot_reach(4, 77.0, 342.0)
+    # A first pass from a cold page cache measured one process at 100; warm workers load 140 each: 2 of them reach
+    # 280, and 2 x 100 x 1.5 = 300 keeps them in.
+    assert not decide.cannot_reach(2, 100.0, 280.0)
+
+
+def test_a_deeper_queue_is_tried_only_for_batches_of_uneven_load_times():
+    assert not decide.deeper_queue_can_pay(0.01)  # sleeps alike
+    assert decide.deeper_queue_can_pay(0.5)  # a slow batch in four
+    assert decide.deeper_queue_can_pay(None)  # the user's loader had workers: not known
+
+
+def test_restarted_workers_are_tried_only_where_an_epoch_ended_within_a_trial():
+    assert not decide.restarts_show(1)
+    assert decide.restarts_show(3)
+
+
+def test_the_runner_up_is_measured_again_only_when_the_check_falls_under_ninety_percent_of_it():
+    assert decide.fell_behind(45.0, 255.0)
+    assert not decide.fell_behind(240.0, 255.0)  # 94%: within the 10% goal
+    assert not decide.fell_behind(None, 255.0) and not decide.fell_behind(45.0, None)
