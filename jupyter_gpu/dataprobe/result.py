@@ -10,8 +10,8 @@ from jupyter_gpu.dataprobe.repeats import repeated
 from jupyter_gpu.dataprobe.settings import LoaderSettings
 from jupyter_gpu.models import Finding, RichResult
 
-# Why a trial ran: the user's own settings, the sweep, the re-measurement of the two best, the check of the
-# recommendation.
+# Why a trial ran: the user's own settings, the sweep, the re-measurement of the runner-up (when the check of the
+# recommendation fell behind it), the check of the recommendation.
 CURRENT, SWEEP, RECHECK, VERIFY = "current", "sweep", "recheck", "verify"
 # What a trial timed: the loader alone (no step), or the training loop (loader and step together).
 LOADER, LOOP = "loader", "loop"

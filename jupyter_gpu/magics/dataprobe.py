@@ -31,9 +31,10 @@ class DataProbeMagics(Magics):
         Three measurements on your own code, each with its spread: the loader alone, the step alone on one cached
         batch (the ceiling a perfect loader would reach) and both together (the time spent waiting for data).
         Then a sweep of num_workers, prefetch_factor, persistent_workers and, for a GPU step, pin_memory, each
-        measured more than once on a fresh DataLoader built from yours; the two best are measured again, one is
-        recommended and checked by running it. Your loader is never iterated; the model, optimizer, RNGs and
-        sampler are put back exactly; no worker process is left behind. Ctrl-C keeps what was measured.
+        measured more than once on a fresh DataLoader built from yours, where it could win (the report names
+        what it left out and why); one is recommended and checked by running it again. Your loader is never
+        iterated; the model, optimizer, RNGs and sampler are put back exactly; no worker process is left behind.
+        Ctrl-C keeps what was measured.
         """
         options = parse_line("%dataprobe", dataprobe_parser(), line)
         loader_name = LOADER.one_name(options.names)

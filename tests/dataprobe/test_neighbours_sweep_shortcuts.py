@@ -29,7 +29,7 @@ import time
 
 import pytest
 import torch
-from sleepy_data import SleepyDataset, sleepy_step
+from sleepy_data import SleepyDataset, UnevenBatches, sleepy_step
 from torch.utils.data import DataLoader
 
 from jupyter_gpu.dataprobe.result import DataProbeResult
@@ -50,19 +50,9 @@ def measured(result: DataProbeResult) -> list[str]:
     return [trial.settings.label() for trial in result.trials]
 
 
-class UnevenBatches(SleepyDataset):
-    """A batch in about four loads four times the others' time (which batch is fixed by its index, scattered so
-    that no one worker always draws it): a few huge images among small ones. `item_seconds` is the mean."""
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        heavy = (index // BATCH * 7919) % 11 < 3  # 3 batches in 11, in no pattern a round robin follows
-        time.sleep((4.0 if heavy else 1.0) * self.item_seconds / (3 * 4.0 + 8) * 11)
-        return torch.zeros(8), index % 10
-
-
 def test_batches_that_load_in_uneven_times_get_a_deeper_prefetch_queue_measured():
     # 6x the step on average, so 4 workers cannot keep up and the sweep goes on past the worker counts.
-    loader = DataLoader(UnevenBatches(4096, 6 * STEP_SECONDS / BATCH), batch_size=BATCH)
+    loader = DataLoader(UnevenBatches(4096, 6 * STEP_SECONDS / BATCH, batch_size=BATCH), batch_size=BATCH)
     result = probe(loader, (0, 2, 4), seconds=10.0)
     deeper = [trial for trial in result.trials if trial.settings.num_workers and trial.settings.prefetch_factor == 4]
     assert deeper, (measured(result), result.skipped)
