@@ -139,6 +139,7 @@ def test_html_escapes_what_users_and_nvml_named(tmp_path: Path) -> None:
     assert "<b>GPU</b>" not in html
 
 
+@pytest.mark.probe_children  # this machine's torch probed in a child: the whole suite's, not the fast loop's
 def test_this_machine_for_real_with_the_simulated_eight_a100(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_GPU_BACKEND", "simulated:a100x8-mig")
     facts = gather_readiness(ProbeContext.from_environment(), user_ns={})

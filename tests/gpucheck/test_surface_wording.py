@@ -113,6 +113,7 @@ def test_every_notebook_phrase_written_in_the_rules_has_a_terminal_form() -> Non
     assert not left, left
 
 
+@pytest.mark.probe_children  # runs the CLI as a process: the whole suite's, not the fast loop's
 def test_the_distributed_checks_words_have_a_terminal_form_and_the_cli_prints_it() -> None:
     # `jupyter-gpu check --distributed` printed "Run `%gpucheck`: it names ... the exact `%pip install` line" and
     # "`%gpucheck` (or `jupyter-gpu check`) says ..." to a terminal. The launch table's "checked from a notebook:
