@@ -9,6 +9,7 @@ hook's sleep after its all-reduce.
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -139,6 +140,10 @@ def test_ctrl_c_stops_every_rank_and_comes_back_as_interrupted(tmp_path) -> None
     import signal
     import threading
 
+    # A kernel's SIGINT raises KeyboardInterrupt; a test process started as a background job inherits SIGINT ignored
+    # (bash ignores it in asynchronous commands without job control: a clean clone run that way waited 418 s here
+    # for the script to end). So the kernel's handler is put in place for the test.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(8.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -146,6 +151,7 @@ def test_ctrl_c_stops_every_rank_and_comes_back_as_interrupted(tmp_path) -> None
                                        "--samples", "256", "--sample-sleep", "0.002", steps=100000)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, handler)
     assert not profile.ok and profile.failure == "Interrupted: every rank was stopped."
     assert seconds < 30
     assert not none_left(script)
@@ -163,7 +169,13 @@ def test_apply_puts_the_micro_batches_under_no_sync_and_measures_what_it_saved(t
     assert [name for name, _ in applied.fixes][:1] == ["no_sync_every"] or "no_sync_every" in dict(applied.fixes)
     assert applied.before_allreduces == 4 and applied.after_allreduces == 1
     assert "DDP_ACCUMULATION_WITHOUT_NO_SYNC" in applied.gone
-    assert applied.before_step - applied.after_step == pytest.approx(0.060, rel=0.25)
+    # At least the three 20 ms sleeps the fix drops, and as much as the first run measured those three all-reduces'
+    # exposed waits to cost: a loaded host stretches every sleep and all-reduce alike (a clean clone's timing lane
+    # saved 88.8 ms against the nominal 60, which the fixed 60 ms +-25% called a failure).
+    saved = applied.before_step - applied.after_step
+    per_allreduce = statistics.fmean(rank.exposed / rank.allreduces_per_step for rank in profile.ranks)
+    assert saved >= 0.75 * 0.060, saved
+    assert saved == pytest.approx(3 * per_allreduce, rel=0.25), (saved, per_allreduce)
     text = str(profile)
     assert "Applied without editing the script (--apply)" in text and f"{applied.step_speedup:.2f}x per step" in text
     assert not none_left(script)
