@@ -364,9 +364,11 @@ class _Probe:
         for index in range(start, -1, -1):
             count = counts[index]
             best = max((rate for rate, _ in results.values()), default=None)
-            if index < start and count > 0 and one_process and best is not None \
-                    and decide.cannot_reach(count, one_process, best):
-                self._skip_counts([settings for settings in first[:index + 1] if settings.num_workers > 0],
+            # The user's own setting was measured already (the baseline); any other is left out, down to 0 workers
+            # (a loop that loads in its own process reaches one process's rate at most), once it cannot reach `best`.
+            if index < start and by_count[count] != self.baseline_settings and one_process and best is not None \
+                    and decide.cannot_reach(max(count, 1), one_process, best):
+                self._skip_counts([settings for settings in first[:index + 1] if settings != self.baseline_settings],
                                   self._beyond_reach(count, one_process, best, results))
                 break
             tried.add(count)
@@ -425,10 +427,11 @@ class _Probe:
     def _beyond_reach(count: int, one_process: float, best: float,
                       results: dict[int, tuple[float, float | None]]) -> str:
         leader = max(results, key=lambda each: results[each][0])
+        bound = format_rate(max(count, 1) * one_process * decide.WORKER_BOUND_MARGIN)
+        who = f"{count} worker{'s' if count != 1 else ''}" if count else "the main process alone"
         return (f"each worker loads at most what one process loads alone ({format_rate(one_process)} samples/s): "
-                f"{count} worker{'s' if count != 1 else ''}, with half again to spare, "
-                f"{format_rate(count * one_process * decide.WORKER_BOUND_MARGIN)} samples/s, under the "
-                f"{format_rate(best)} that {leader} worker{'s' if leader != 1 else ''} measured in the loop")
+                f"{who}, with half again to spare, {bound} samples/s, under the {format_rate(best)} that {leader} "
+                f"worker{'s' if leader != 1 else ''} measured in the loop")
 
     def _recommend_and_check(self) -> None:
         """The recommendation from the sweep, then its check on a fresh loader: the verified throughput. When the

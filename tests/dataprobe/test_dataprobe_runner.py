@@ -119,14 +119,16 @@ def test_a_steady_loader_five_steps_to_load_is_swept_only_where_a_setting_could_
     # One process loads a batch in five steps' time, every batch alike, a long epoch: 1 and 2 workers cannot reach
     # what 8 measure, a deeper queue has no slow batch to absorb, and no epoch ends within a trial. What is left:
     # the two baselines, 8 and 4 workers, and the check (the old engine ran 11 trials here: bench_dataprobe.py).
-    loader = loader_for_ratio(5.0, step_seconds=STEP_SECONDS)
+    # `pin_memory=True` as the tutorials write it (pytorch/examples' imagenet/main.py): on this machine the sweep's
+    # settings are unpinned, and the unpinned main process cannot reach 8 workers either (the old engine measured it).
+    loader = loader_for_ratio(5.0, step_seconds=STEP_SECONDS, pin_memory=True)
     result = probe(loader, sleepy_step(STEP_SECONDS), workers=(0, 1, 2, 4, 8), seconds=20.0)
     assert result.recommended_settings == LoaderSettings(8, 2, persistent_workers=True), result.recommended_settings
     assert result.predicted >= 0.9 * result.best and result.speedup > 3.0
     counts = [trial.settings.num_workers for trial in result.trials]
-    assert 1 not in counts and 2 not in counts, counts
+    assert 1 not in counts and 2 not in counts and counts.count(0) == 2, counts  # 0: the two baselines only
     assert len(result.trials) <= 5, [trial.settings.label() for trial in result.trials]
-    assert any(skip.startswith("1, 2 workers: each worker loads at most what one process loads alone")
+    assert any(skip.startswith("0, 1, 2 workers: each worker loads at most what one process loads alone")
                for skip in result.skipped), result.skipped
     assert any(skip.startswith("deeper prefetch: in one process every batch loaded in about the same time")
                for skip in result.skipped), result.skipped
