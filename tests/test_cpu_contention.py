@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
+from processes import busy_processes_on
 
 from jupyter_gpu.probekit.cpu_contention import CpuContention
 
@@ -55,22 +52,6 @@ result = probe_speed(step, options=("fused-optimizer",), steps=3, namespace={"mo
 print(json.dumps({"shared_cpu": result.shared_cpu, "best": result.best is not None, "text": str(result),
                   "restored": all(torch.equal(a, b) for a, b in zip(before, model.parameters()))}))
 """
-
-
-@contextmanager
-def busy_processes_on(core: int, count: int) -> Iterator[None]:
-    """`count` processes spinning on `core`, started through a shell that exits: not the test's children, as
-    another notebook's training is not the probe's."""
-    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
-    one = f"{shlex.quote(sys.executable)} -c {shlex.quote(spin)} >/dev/null 2>&1 & echo $!"
-    started = subprocess.run(["sh", "-c", "; ".join([one] * count)], capture_output=True, text=True,
-                             check=True).stdout.split()
-    try:
-        time.sleep(0.2)
-        yield
-    finally:
-        for pid in started:
-            os.kill(int(pid), signal.SIGKILL)
 
 
 def test_a_probe_run_beside_a_busy_process_recommends_nothing_and_says_why() -> None:

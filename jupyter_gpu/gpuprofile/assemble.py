@@ -34,7 +34,6 @@ from jupyter_gpu.gpuprofile.result import (
 )
 from jupyter_gpu.gpuprofile.timeline import StepRecord
 from jupyter_gpu.kernel_torch import cuda_initialized
-from jupyter_gpu.probekit.kernel_trace import analyse, with_cpu_wait
 from jupyter_gpu.probekit.training_state import TrainingObjects, compiled_how, value_at
 from jupyter_gpu.rendering.units import format_seconds
 
@@ -151,8 +150,7 @@ def assemble(torch: Any, instruments: Instruments, request: ProfileRequest, name
         not_measured.append(f"FLOPs and operators: {why} before the extra step they are counted on.")
     # A cell that stopped before its first step has nothing to compare with a ceiling or to lift.
     ceiling = _ceiling(torch, device, compute, notes, not_measured, sum(step_seconds)) if step_seconds else None
-    timeline = with_cpu_wait(analyse(instruments.kernel_events, instruments.kernel_steps, instruments.kernel_window),
-                             *instruments.kernel_runqueue)
+    timeline = instruments.kernel_timeline()
     if timeline is not None and step_seconds:
         timeline = timeline.at_step(typical(step_seconds))  # the traced steps ran with a slowed host
     operators, memory_share, optimizer_share = _operators(totals, ceiling,

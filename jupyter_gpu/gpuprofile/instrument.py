@@ -54,10 +54,13 @@ from jupyter_gpu.probekit.batch_structure import first_dimension
 from jupyter_gpu.probekit.cpu_contention import runqueue_seconds
 from jupyter_gpu.probekit.kernel_trace import (
     GpuEvent,
+    GpuTimeline,
+    analyse,
     gpu_events,
     keep_cupti_for_graphs,
     mark_step,
     operator_device_seconds,
+    with_cpu_wait,
 )
 from jupyter_gpu.probekit.library_code import library_code_prefixes
 from jupyter_gpu.probekit.training_state import compiled_how, named_values
@@ -235,6 +238,7 @@ class Instruments:
             return
         if self.kineto is not None:
             mark_step(self.torch)
+            self.kernel_runqueue = (self.kernel_runqueue[0], runqueue_seconds())
             self.timeline_steps_left -= 1
             if self.timeline_steps_left <= 0:
                 self._end_kernel_timeline()
@@ -281,18 +285,23 @@ class Instruments:
             keep_cupti_for_graphs(self.torch)
             self.kineto = self.torch.profiler.profile(activities=[activity.CPU, activity.CUDA])
             self.kineto.__enter__()
-            self.kernel_runqueue = (runqueue_seconds(), None)
             mark_step(self.torch)  # the timeline covers the steps between marks: a cell that ends mid-trace
+            # The run queue is read at the marks too (kernel_trace.with_cpu_wait): the profiler's own start and end
+            # are not the steps' time.
+            self.kernel_runqueue = (runqueue_seconds(), None)
             self.timeline_steps_left = TIMELINE_STEPS
         except Exception as exc:  # a profiler that cannot start here (CUPTI missing): said, not raised
             self.kineto, self.stop_pending = None, True
             self.timeline_error = f"torch.profiler could not start ({type(exc).__name__}: {exc})"
 
+    def kernel_timeline(self) -> GpuTimeline | None:
+        """The traced steps' kernel timeline, less the time the OS held the host off its core, or None."""
+        return with_cpu_wait(analyse(self.kernel_events, self.kernel_steps, self.kernel_window), *self.kernel_runqueue)
+
     def _end_kernel_timeline(self) -> None:
         profiler, self.kineto = self.kineto, None
         try:
             profiler.__exit__(None, None, None)
-            self.kernel_runqueue = (self.kernel_runqueue[0], runqueue_seconds())
             trace = gpu_events(self.torch, profiler)
             self.kernel_events, self.kernel_window = trace.events, trace.window
             self.kernel_steps = trace.steps if trace.steps is not None else \

@@ -109,6 +109,9 @@ class GpuTimeline:
     # ways the fake-CUDA MLP's host was held off its core 8-16 ms at a time, at the same launches in every step
     # (the scheduler's ticks against a step that repeats exactly), so `steady_outside` alone took them for host work.
     cpu_wait: float | None = None
+    # Seconds of the window from the first kernel's start to the last one's end: the span the waits are measured in
+    # (None: all of it).
+    covered: float | None = None
 
     @property
     def kernel_seconds(self) -> float:
@@ -150,7 +153,8 @@ class GpuTimeline:
                        other_wait=share(self.other_wait) if waits > 0 else idle,
                        launch_wait=share(self.launch_wait), traced_step=self.window / self.steps,
                        steady_outside=None if self.steady_outside is None else share(self.steady_outside),
-                       cpu_wait=None if self.cpu_wait is None else share(self.cpu_wait))
+                       cpu_wait=None if self.cpu_wait is None else share(self.cpu_wait),
+                       covered=None if self.covered is None else self.covered * step * self.steps / self.window)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "launch_bound": self.launch_bound}
@@ -174,6 +178,12 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
         on_stream = [e for e in ordered if e.stream == stream]
         outside = [0.0] * len(on_stream)  # before each launch: the GPU's wait for host work other than launching
         spacing = launch_spacing(on_stream)
+        if on_stream[0] is ordered[0] and _launched_in_window(ordered[0], window):
+            # The first step's host work before its first launch (its batch, made on the host) is a wait like every
+            # later step's: left out, the waits held two of three steps' batches, and a loaded host's wait for a
+            # core while making the first one was in the run queue's reading and in no wait.
+            outside[0] = ordered[0].start - window[0]
+            waits["host"] += outside[0]
         for index, event in enumerate(on_stream):
             if previous is not None and event.start > previous_end:
                 gap = event.start - previous_end
@@ -196,7 +206,15 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
                        kernels_per_step=len(events) / steps,
                        median_kernel=statistics.median(e.end - e.start for e in events),
                        launch_wait=waits["launch"] / steps,
-                       steady_outside=None if steady is None else steady / steps)
+                       steady_outside=None if steady is None else steady / steps,
+                       covered=min(window[1], max(e.end for e in events))
+                       - (window[0] if _launched_in_window(ordered[0], window) else max(window[0], ordered[0].start)))
+
+
+def _launched_in_window(first: GpuEvent, window: tuple[float, float]) -> bool:
+    """Whether the trace's first kernel was launched after the window began and started later: the GPU waited for
+    the host from the window's start."""
+    return first.launched is not None and first.launched >= window[0] and first.start > window[0]
 
 
 def launch_spacing(on_stream: list[GpuEvent]) -> float:
@@ -351,21 +369,29 @@ def trace_kernels(torch: Any, run: Callable[[], Any], steps: int = 1) -> GpuTime
     initialised already; the caller puts back what `run` changed."""
     activity = torch.profiler.ProfilerActivity
     keep_cupti_for_graphs(torch)
-    queued = runqueue_seconds()
     with torch.profiler.profile(activities=[activity.CPU, activity.CUDA]) as traced:
         mark_step(torch)
+        # Read at the marks, not around the profiler: its start and the processing of its trace at the end are
+        # CPU work outside the steps, and on a loaded host (CI's timing lane) their wait for a core, put on 3
+        # steps, came to 12 ms a step against a 5 ms window and hid a 4 ms host-bound batch.
+        queued = runqueue_seconds()
         for _ in range(steps):
             run()
             mark_step(torch)
+        released = runqueue_seconds()
         torch.cuda.synchronize()
     trace = gpu_events(torch, traced)
     timeline = analyse(trace.events, trace.steps or steps, trace.window)
-    return with_cpu_wait(timeline, queued, runqueue_seconds())
+    return with_cpu_wait(timeline, queued, released)
 
 
 def with_cpu_wait(timeline: GpuTimeline | None, before: float | None, after: float | None) -> GpuTimeline | None:
-    """The timeline with the launching thread's wait for a CPU core over the trace (run-queue seconds read before
-    and after it), per step."""
+    """The timeline with the launching thread's wait for a CPU core over its steps (run-queue seconds read at the
+    first and the last step mark), per step, counted for the part of the window the waits cover (`covered`: to the
+    last kernel's end, not the host's tail after it). The thread is taken to have queued evenly over the window: the
+    reading says how long, not where."""
     if timeline is None or before is None or after is None:
         return timeline
-    return replace(timeline, cpu_wait=max(0.0, after - before) / timeline.steps)
+    covered = timeline.window if timeline.covered is None else timeline.covered
+    queued = min(max(0.0, after - before), timeline.window) * covered / timeline.window
+    return replace(timeline, cpu_wait=queued / timeline.steps)

@@ -693,7 +693,8 @@ def test_a_loaded_hosts_one_off_stalls_do_not_make_a_launch_bound_step_host_boun
     assert stalled is not None and stalled.outside_launches > stalled.launch_wait  # the sum alone says host work
     assert stalled.step_host_work == 0.0 and stalled.launch_bound
     batch = [40, 80]  # 4 ms before the first launch of every step after the first: the step makes its batch
-    host = analyse(trace(batch), steps=3, window=(0.0, trace(batch)[-1].end))
+    # (the window starts at the first kernel: the first step's batch, made before the trace, is in no wait)
+    host = analyse(trace(batch), steps=3, window=(trace(batch)[0].start, trace(batch)[-1].end))
     assert host is not None and host.step_host_work == pytest.approx(host.outside_launches) and not host.launch_bound
     ragged = analyse(trace([7, 53, 61, 118])[:-1], steps=3, window=(0.0, 0.02))  # launches that do not line up
     assert ragged is not None and ragged.steady_outside is None and not ragged.launch_bound
@@ -739,7 +740,8 @@ def test_time_the_host_waited_for_a_cpu_core_is_not_the_steps_host_work() -> Non
     for i in range(3 * 40):
         now += 0.008 if i % 40 in (5, 17) else 30e-6
         events.append(GpuEvent(now + 2e-6, now + 5e-6, stream=7, launched=now))
-    timeline = analyse(events, steps=3, window=(0.0, events[-1].end))
+    # The window from the first kernel: all of it is covered by the waits the run queue's seconds are taken from.
+    timeline = analyse(events, steps=3, window=(events[0].start, events[-1].end))
     assert timeline is not None and not timeline.launch_bound and timeline.step_host_work > 0.015
     held = with_cpu_wait(timeline, 1.0, 1.0 + 3 * 0.016)  # the thread queued 16 ms a step
     assert held is not None and held.cpu_wait == pytest.approx(0.016)
