@@ -5,6 +5,7 @@ Everything here works on numbers already measured, so it is tested with plain py
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 
 from jupyter_gpu.dataprobe.result import Trial
@@ -161,6 +162,17 @@ def cannot_reach(count: int, loader_rate: float, rate: float) -> bool:
     """Whether `count` workers could not load `rate` samples/s, however well they ran: at most `count` times one
     process's `loader_rate`, with WORKER_BOUND_MARGIN to spare."""
     return count * loader_rate * WORKER_BOUND_MARGIN < rate
+
+
+def recurring_load_variation(loads: Sequence[float]) -> float | None:
+    """How much the batches' load times vary (standard deviation over mean) once the slowest one is set aside: one
+    slow batch in the whole measurement (a stall, the OS holding the process up on a busy machine) says nothing
+    about the others, and a slow batch that recurs is seen again. None with fewer than 4 batches."""
+    if len(loads) < 4:
+        return None
+    rest = sorted(loads)[:-1]
+    mean = statistics.fmean(rest)
+    return statistics.pstdev(rest) / mean if mean > 0 else None
 
 
 def deeper_queue_can_pay(load_variation: float | None) -> bool:

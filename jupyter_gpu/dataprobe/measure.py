@@ -178,7 +178,7 @@ class TrialRunner:
                      gpu_idle_fraction=idle_total / gpu_total if gpu_total else None, worker_memory=memory,
                      batches=timed, seconds=time.perf_counter() - began, timed_seconds=timed_total,
                      error=error, repeats=self._judge(settings, batches.fingerprints), epochs=batches.epochs,
-                     load_variation=_variation(loads))
+                     load_variation=_variation(loads), loads=tuple(loads or ()))
 
     def _judge(self, settings: LoaderSettings, fingerprints: list[repeats.Fingerprint] | None) -> float | None:
         """How many times each batch came against num_workers=0; at 0 workers the batches extend the reference."""

@@ -53,6 +53,7 @@ class Trial:
     # At num_workers=0 (one process loads each batch in turn): how much the batches' load times vary, their
     # standard deviation over their mean; None with workers, where next() times the queue, not the loading.
     load_variation: float | None = None
+    loads: tuple[float, ...] = ()           # at num_workers=0: each timed batch's load seconds
 
     @property
     def samples_per_second(self) -> float | None:

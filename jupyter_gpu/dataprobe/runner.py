@@ -521,10 +521,11 @@ class _Probe:
             self._maybe_trial(settings, SWEEP, SWEEP_WINDOWS)
 
     def _load_variation(self) -> float | None:
-        """How much the batches' load times varied in one process (the baselines at num_workers=0), or None."""
-        found = [trial.load_variation for trial in (self.loader_alone, self.together)
-                 if trial is not None and trial.load_variation is not None]
-        return max(found) if found else None
+        """How much the batches' load times varied in one process, over both baselines at num_workers=0 together
+        (decide.recurring_load_variation), or None. Not the larger of the two: on CI's loaded host one batch held up
+        in either baseline (15-18 batches each) made a steady loader read as uneven."""
+        loads = [load for trial in (self.loader_alone, self.together) if trial is not None for load in trial.loads]
+        return decide.recurring_load_variation(loads)
 
     def _current_trial(self) -> Trial | None:
         """The baseline trial of the user's setting in the sweep's mode: it is that setting's sweep measurement."""

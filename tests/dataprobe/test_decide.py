@@ -227,6 +227,17 @@ def test_a_deeper_queue_is_tried_only_for_batches_of_uneven_load_times():
     assert decide.deeper_queue_can_pay(None)  # the user's loader had workers: not known
 
 
+def test_one_slow_batch_in_the_whole_measurement_is_set_aside_and_one_that_recurs_is_not():
+    steady = [0.100, 0.101, 0.099, 0.100] * 8
+    stalled = [*steady[:10], 0.400, *steady[10:]]  # the OS held one batch up: 1 in 33
+    recurring = [0.400 if i % 5 == 0 else 0.100 for i in range(32)]  # a shard opened every fifth batch
+    assert decide.recurring_load_variation(steady) < 0.01
+    assert not decide.deeper_queue_can_pay(decide.recurring_load_variation(stalled))
+    assert decide.deeper_queue_can_pay(decide.recurring_load_variation(recurring))
+    assert decide.deeper_queue_can_pay(decide.recurring_load_variation([0.1, 0.1, 0.4, 0.1, 0.1, 0.4]))  # twice
+    assert decide.recurring_load_variation([0.1, 0.4, 0.1]) is None  # too few to tell
+
+
 def test_restarted_workers_are_tried_only_where_an_epoch_ended_within_a_trial():
     assert not decide.restarts_show(1)
     assert decide.restarts_show(3)
