@@ -49,20 +49,16 @@ def baselines(result: DataProbeResult) -> list[float | None]:
     return [trial.load_variation for trial in result.trials if trial.stage == CURRENT]
 
 
-def test_one_stall_while_the_loader_is_timed_alone_is_not_an_uneven_loader():
-    # The 5th batch read (the 3rd timed of the loader alone) stalls half a second, four batches' time.
-    result = probe(StallsOnce(4096, ITEM_SECONDS, at_call=4 * BATCH + 1, stall_seconds=0.5))
-    first, _ = baselines(result)
-    assert first is not None and first > 0.3, baselines(result)  # the stall was timed, in the first baseline
-    assert not deeper_measured(result), ([t.settings.label() for t in result.trials], result.skipped)
-    assert any(skip.startswith(STEADY_SKIP) for skip in result.skipped), result.skipped
+# (the item read that stalls, the baseline that times it): the 5th batch read is the 3rd the loader alone times; the
+# loader alone reads about 11 batches (9 timed), so the 17th falls in the loop's timed batches that follow.
+STALLS = [pytest.param(4 * BATCH + 1, 0, id="loader-alone"), pytest.param(16 * BATCH + 1, 1, id="loop")]
 
 
-def test_one_stall_while_the_loop_is_timed_is_not_an_uneven_loader():
-    # The loader alone reads about 11 batches (9 timed); the stall falls in the loop's timed batches that follow.
-    result = probe(StallsOnce(4096, ITEM_SECONDS, at_call=16 * BATCH + 1, stall_seconds=0.5))
-    _, second = baselines(result)
-    assert second is not None and second > 0.3, baselines(result)  # the stall was timed, in the second baseline
+@pytest.mark.parametrize(("at_call", "baseline"), STALLS)
+def test_one_stall_in_a_baseline_is_not_an_uneven_loader(at_call: int, baseline: int):
+    result = probe(StallsOnce(4096, ITEM_SECONDS, at_call=at_call, stall_seconds=0.5))  # four batches' time
+    stalled = baselines(result)[baseline]
+    assert stalled is not None and stalled > 0.3, baselines(result)  # the stall was timed, in that baseline
     assert not deeper_measured(result), ([t.settings.label() for t in result.trials], result.skipped)
     assert any(skip.startswith(STEADY_SKIP) for skip in result.skipped), result.skipped
 
