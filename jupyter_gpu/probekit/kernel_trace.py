@@ -109,8 +109,8 @@ class GpuTimeline:
     # ways the fake-CUDA MLP's host was held off its core 8-16 ms at a time, at the same launches in every step
     # (the scheduler's ticks against a step that repeats exactly), so `steady_outside` alone took them for host work.
     cpu_wait: float | None = None
-    # Seconds of the window from the first kernel's start to the last one's end: the span the waits are measured in
-    # (None: all of it).
+    # Seconds of the window the waits are measured over: from its start (from the first kernel's, where that kernel
+    # was launched before the window began) to the last kernel's end (None: all of it).
     covered: float | None = None
 
     @property
