@@ -272,3 +272,15 @@ def test_a_trace_on_a_cuda_build_before_12_6_keeps_cupti_up_for_graph_captures(m
     assert trace_kernels(fake, lambda: torch.ones(4).sum(), steps=1) is not None
     assert (os.environ.get("DISABLE_CUPTI_LAZY_REINIT"), os.environ.get("TEARDOWN_CUPTI")) == (
         ("1", "0") if applied else (None, None))
+
+
+def test_operator_device_time_is_read_from_a_real_trace_by_the_census_names() -> None:
+    # torch's own profiler on the CPU (its first start in a process costs seconds: kept out of the fast loop).
+    a = torch.randn(64, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as traced:
+        for _ in range(2):
+            (a @ a + 1).sum()
+    found = operator_device_seconds(traced, steps=2, counted={"mm", "add", "sum"})
+    assert {("mm", False), ("add", False), ("sum", False)} == set(found)  # aten::mm -> "mm", as the census names it
+    assert all(seconds == 0.0 for seconds in found.values())  # no CUDA here: no kernel time
+    assert operator_device_seconds(traced, steps=0, counted={"mm"}) == {}

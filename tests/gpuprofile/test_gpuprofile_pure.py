@@ -818,21 +818,6 @@ def test_on_cuda_operators_rank_by_their_kernels_time_not_the_hosts() -> None:
     assert "12% of operator time is memory-bound" in text
 
 
-def test_operator_device_time_is_read_from_a_real_trace_by_the_census_names() -> None:
-    import torch
-
-    from jupyter_gpu.probekit.kernel_trace import operator_device_seconds
-
-    a = torch.randn(64, 64)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as traced:
-        for _ in range(2):
-            (a @ a + 1).sum()
-    found = operator_device_seconds(traced, steps=2, counted={"mm", "add", "sum"})
-    assert {("mm", False), ("add", False), ("sum", False)} == set(found)  # aten::mm -> "mm", as the census names it
-    assert all(seconds == 0.0 for seconds in found.values())  # no CUDA here: no kernel time
-    assert operator_device_seconds(traced, steps=0, counted={"mm"}) == {}
-
-
 def test_the_compile_fixes_name_the_models_the_loop_called() -> None:
     from jupyter_gpu.probekit.kernel_trace import GpuEvent, analyse
 
