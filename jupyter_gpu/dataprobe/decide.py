@@ -5,10 +5,9 @@ Everything here works on numbers already measured, so it is tested with plain py
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 
-from jupyter_gpu.dataprobe.result import Trial
+from jupyter_gpu.dataprobe.result import Trial, spread
 from jupyter_gpu.dataprobe.settings import DEFAULT_PREFETCH, LoaderSettings
 
 # The verdict reads the share of the loop the step waited for data. Below 10% a perfect loader would buy at
@@ -168,11 +167,7 @@ def recurring_load_variation(loads: Sequence[float]) -> float | None:
     """How much the batches' load times vary (standard deviation over mean) once the slowest one is set aside: one
     slow batch in the whole measurement (a stall, the OS holding the process up on a busy machine) says nothing
     about the others, and a slow batch that recurs is seen again. None with fewer than 4 batches."""
-    if len(loads) < 4:
-        return None
-    rest = sorted(loads)[:-1]
-    mean = statistics.fmean(rest)
-    return statistics.pstdev(rest) / mean if mean > 0 else None
+    return spread(sorted(loads)[:-1])
 
 
 def deeper_queue_can_pay(load_variation: float | None) -> bool:

@@ -14,7 +14,6 @@ whole stream is told apart from one that splits it; the hashing time is taken ou
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,7 +177,7 @@ class TrialRunner:
                      gpu_idle_fraction=idle_total / gpu_total if gpu_total else None, worker_memory=memory,
                      batches=timed, seconds=time.perf_counter() - began, timed_seconds=timed_total,
                      error=error, repeats=self._judge(settings, batches.fingerprints), epochs=batches.epochs,
-                     load_variation=_variation(loads), loads=tuple(loads or ()))
+                     loads=tuple(loads or ()))
 
     def _judge(self, settings: LoaderSettings, fingerprints: list[repeats.Fingerprint] | None) -> float | None:
         """How many times each batch came against num_workers=0; at 0 workers the batches extend the reference."""
@@ -298,14 +297,6 @@ def _gpu_idle(events: list[tuple[Any, Any]]) -> tuple[float | None, float | None
     idle = sum(max(0.0, done.elapsed_time(ready)) for (_, done), (ready, _) in itertools.pairwise(events))
     span = events[0][0].elapsed_time(events[-1][1])
     return idle / 1000.0, span / 1000.0
-
-
-def _variation(values: list[float] | None) -> float | None:
-    """Standard deviation over mean of `values` (three at least), None where there are fewer or they are 0."""
-    if values is None or len(values) < 3:
-        return None
-    mean = statistics.fmean(values)
-    return statistics.pstdev(values) / mean if mean > 0 else None
 
 
 def _one_line(exc: BaseException) -> str:

@@ -50,10 +50,14 @@ class Trial:
     # yielded the whole stream; 1.0: they split it); None where not checked or nothing tells.
     repeats: float | None = None
     epochs: int = 1                         # epochs begun: above 1, an epoch ended within the trial
-    # At num_workers=0 (one process loads each batch in turn): how much the batches' load times vary, their
-    # standard deviation over their mean; None with workers, where next() times the queue, not the loading.
-    load_variation: float | None = None
-    loads: tuple[float, ...] = ()           # at num_workers=0: each timed batch's load seconds
+    # At num_workers=0 (one process loads each batch in turn): each timed batch's load seconds; none with workers,
+    # where next() times the queue, not the loading.
+    loads: tuple[float, ...] = ()
+
+    @property
+    def load_variation(self) -> float | None:
+        """How much the batches' load times varied in one process (`spread`), None with workers."""
+        return spread(self.loads)
 
     @property
     def samples_per_second(self) -> float | None:
@@ -73,7 +77,16 @@ class Trial:
         data = asdict(self)
         data["settings"] = self.settings.to_dict()
         data["samples_per_second"] = self.samples_per_second
+        data["load_variation"] = self.load_variation
         return data
+
+
+def spread(values: tuple[float, ...] | list[float]) -> float | None:
+    """Standard deviation over mean of `values` (three at least), None where there are fewer or they are 0."""
+    if len(values) < 3:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else None
 
 
 @dataclass(frozen=True)

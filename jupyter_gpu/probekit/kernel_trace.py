@@ -172,13 +172,14 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
         covered = max(covered, event.end)
     waits = {"host": 0.0, "launch": 0.0, "kernel": 0.0, "other": 0.0}
     steady: float | None = 0.0
+    head = _launched_in_window(ordered[0], window)
     for stream in {e.stream for e in events}:
         previous: GpuEvent | None = None
         previous_end = 0.0
         on_stream = [e for e in ordered if e.stream == stream]
         outside = [0.0] * len(on_stream)  # before each launch: the GPU's wait for host work other than launching
         spacing = launch_spacing(on_stream)
-        if on_stream[0] is ordered[0] and _launched_in_window(ordered[0], window):
+        if head and on_stream[0] is ordered[0]:
             # The first step's host work before its first launch (its batch, made on the host) is a wait like every
             # later step's: left out, the waits held two of three steps' batches, and a loaded host's wait for a
             # core while making the first one was in the run queue's reading and in no wait.
@@ -208,7 +209,7 @@ def analyse(events: list[GpuEvent], steps: int, window: tuple[float, float]) -> 
                        launch_wait=waits["launch"] / steps,
                        steady_outside=None if steady is None else steady / steps,
                        covered=min(window[1], max(e.end for e in events))
-                       - (window[0] if _launched_in_window(ordered[0], window) else max(window[0], ordered[0].start)))
+                       - (window[0] if head else max(window[0], ordered[0].start)))
 
 
 def _launched_in_window(first: GpuEvent, window: tuple[float, float]) -> bool:
