@@ -503,7 +503,8 @@ class _Probe:
                 second = [variant for variant in second if variant not in deeper]
             elif deeper and not decide.deeper_queue_can_pay(variation):
                 self.skipped.append(f"deeper prefetch: in one process every batch loaded in about the same time "
-                                    f"(they vary {variation:.1%}), so the workers finish in turn and the default "
+                                    f"(they vary {variation:.1%} over both measurements, the slowest one set aside "
+                                    "as a one-off), so the workers finish in turn and the default "
                                     "queue never runs dry for one slow batch")
                 second = [variant for variant in second if variant not in deeper]
             epochs = max((trial.epochs for trial in self._mode_trials() if trial.settings == best), default=1)
