@@ -104,7 +104,7 @@ def test_nanogpt_get_batch_is_host_work_on_a_shared_core() -> None:
     rng = np.random.default_rng(1)
     fake = cuda_torch(FakeCuda(), GpuModel(kernel_us=lambda name: 3.0))
     step = mlp_step()
-    block, batch = 2048, 256  # GPT-2's context, a batch whose copies take a few ms
+    block, batch = 2048, 512  # GPT-2's context, a batch whose copies take a few ms
 
     def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
         ix = rng.integers(0, len(data) - block - 1, size=batch)
